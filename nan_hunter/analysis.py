@@ -1,0 +1,184 @@
+"""From traced passes to finding candidates: origins, their FP32 verdicts and upstream causes.
+
+An op is an *origin* when its inputs are finite and its output is not; later ops that only carry
+its NaN/inf are *propagation*. Each origin is matched, by ``OpEvent.key``, with the same op in the
+FP32 reference pass: finite there means a precision problem, non-finite means a real bug.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from nan_hunter.findings import Phase
+from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.rules.registry import Candidate, Upstream
+from nan_hunter.runner import PassResult
+from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
+
+
+@dataclass(frozen=True)
+class Analysis:
+    forward: tuple[Candidate, ...]
+    backward: tuple[Candidate, ...]
+    propagated: int
+
+
+def forward_origins(result: PassResult) -> list[OpEvent]:
+    return [e for e in result.events if e.inputs_finite and not e.outputs_finite]
+
+
+def backward_origins(result: PassResult) -> list[GradEvent]:
+    """Backward nodes that receive finite gradients and produce non-finite ones, for ops whose
+    forward was finite: an op that saw NaN/inf in forward only passes the damage on."""
+    return [
+        g
+        for g in result.grad_events
+        if g.is_origin
+        and result.events[g.forward_index].inputs_finite
+        and result.events[g.forward_index].outputs_finite
+    ]
+
+
+def cast_inputs(event: OpEvent, fmt: FloatFormat) -> tuple[int, ...]:
+    """FP32 inputs beyond ``fmt``'s range of an op with output in ``fmt``: autocast cast them."""
+    if not any(s.dtype == fmt.name for s in event.outputs):
+        return ()
+    return tuple(
+        i for i, s in enumerate(event.inputs) if s.dtype == "float32" and s.exceeds(fmt.max)
+    )
+
+
+def rerun_in_fp32(call: CapturedCall) -> bool | None:
+    """Rerun a captured op on its own inputs upcast to FP32; True when the output is finite."""
+
+    def up(x: object) -> object:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.float()
+        return x
+
+    try:
+        with torch.no_grad(), torch.autocast(device_type="cpu", enabled=False):
+            if torch.cuda.is_available():
+                with torch.autocast(device_type="cuda", enabled=False):
+                    out = call.func(*tree_map(up, call.args), **tree_map(up, call.kwargs))
+            else:
+                out = call.func(*tree_map(up, call.args), **tree_map(up, call.kwargs))
+    except Exception:
+        return None  # the op does not accept FP32 in this form: no verdict from the rerun
+    tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+def _producers(events: tuple[OpEvent, ...], start: OpEvent, depth: int) -> Iterator[OpEvent]:
+    """Ops upstream of ``start`` through its inputs, nearest first (breadth-first)."""
+    seen: set[int] = set()
+    queue = deque((p, 1) for p in start.producers if p is not None)
+    while queue:
+        index, level = queue.popleft()
+        if index in seen or level > depth:
+            continue
+        seen.add(index)
+        event = events[index]
+        yield event
+        queue.extend((p, level + 1) for p in event.producers if p is not None)
+
+
+def find_upstream(
+    events: tuple[OpEvent, ...],
+    reference: dict[tuple[str, str, int, int], OpEvent],
+    origin: OpEvent,
+    fmt: FloatFormat,
+    depth: int,
+) -> Upstream | None:
+    """The nearest upstream op whose low-precision result lost what FP32 kept: an eps that
+    rounds to 0, or values flushed to 0."""
+    for event in _producers(events, origin, depth):
+        in_low = any(s.dtype == fmt.name for s in event.outputs)
+        if in_low and any(fmt.rounds_to_zero(v) for v in event.scalars):
+            return Upstream(event, "eps")
+        ref = reference.get(event.key)
+        if in_low and ref is not None:
+            low_zeros = sum(s.zeros for s in event.outputs)
+            ref_zeros = sum(s.zeros for s in ref.outputs)
+            if low_zeros > ref_zeros:
+                return Upstream(event, "flush")
+    return None
+
+
+def _producer_lines(events: tuple[OpEvent, ...], origin: OpEvent, inputs: tuple[int, ...]) -> (
+    tuple[int, ...]
+):
+    if origin.location is None:
+        return ()
+    lines = []
+    for i in inputs:
+        index = origin.producers[i] if i < len(origin.producers) else None
+        if index is None:
+            continue
+        where = events[index].location
+        if where is not None and where.file == origin.location.file:
+            lines.append(where.line)
+    return tuple(sorted(set(lines)))
+
+
+def analyse(
+    low: PassResult,
+    ref: PassResult | None,
+    fmt: FloatFormat,
+    *,
+    upstream_depth: int,
+) -> Analysis:
+    ref_events = {e.key: e for e in ref.events} if ref else {}
+    ref_grads: dict[tuple[str, str, int, int], GradEvent] = {}
+    if ref is not None:
+        for g in ref.grad_events:
+            ref_grads.setdefault(ref.events[g.forward_index].key, g)
+
+    forward: list[Candidate] = []
+    for n, event in enumerate(forward_origins(low)):
+        casts = cast_inputs(event, fmt)
+        reference = ref_events.get(event.key)
+        own = rerun_in_fp32(low.first_origin_call) if n == 0 and low.first_origin_call else None
+        upstream = None
+        if reference is not None and reference.outputs_finite and not casts:
+            upstream = find_upstream(low.events, ref_events, event, fmt, upstream_depth)
+        forward.append(
+            Candidate(
+                phase=Phase.FORWARD,
+                event=event,
+                fmt=fmt,
+                reference=reference,
+                cast_inputs=casts,
+                upstream=upstream,
+                own_inputs_finite=own,
+                producer_lines=_producer_lines(low.events, event, casts),
+            )
+        )
+
+    backward: list[Candidate] = []
+    for g in backward_origins(low):
+        event = low.events[g.forward_index]
+        ref_grad = ref_grads.get(event.key)
+        whole = None
+        if ref_grad is None and ref is not None and ref.backward_ran:
+            # The op has no backward of its own in FP32 (``.float()`` of an FP32 tensor): judge
+            # by the whole FP32 backward instead.
+            whole = all(s.finite for r in ref.grad_events for s in r.produced)
+        backward.append(
+            Candidate(
+                phase=Phase.BACKWARD,
+                event=event,
+                fmt=fmt,
+                grad=g,
+                ref_grad=ref_grad,
+                ref_backward_finite=whole,
+            )
+        )
+
+    propagated = sum(1 for e in low.events if not e.inputs_finite and not e.outputs_finite)
+    return Analysis(tuple(forward), tuple(backward), propagated)

@@ -1,0 +1,191 @@
+"""The command line: ``nan-hunter scan``, ``rules`` and ``explain``.
+
+A thin typer layer: it parses options, calls the API, prints what the report emitters return and
+maps outcomes to exit codes: 0 clean, 1 findings at or above ``--fail-on``, 2 usage, load or
+internal errors (one line on stderr, no traceback unless ``NAN_HUNTER_DEBUG=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+
+from nan_hunter.errors import NanHunterError
+
+app = typer.Typer(
+    name="nan-hunter",
+    help="Find where and why FP16 mixed precision breaks a PyTorch model, and get a patch.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+class OutputFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class DType(str, Enum):
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class FailOn(str, Enum):
+    error = "error"
+    warning = "warning"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"nan-hunter: error: {message}", err=True)
+    return typer.Exit(EXIT_ERROR)
+
+
+@app.command()
+def scan(
+    path: Annotated[str, typer.Argument(help="The model file (path or pkg.module).")],
+    model_fn: Annotated[
+        str, typer.Option("--model-fn", help="Function that builds the model.")
+    ] = "build_model",
+    batch_fn: Annotated[
+        str, typer.Option("--batch-fn", help="Function that returns a sample batch.")
+    ] = "sample_batch",
+    loss_fn: Annotated[
+        str, typer.Option("--loss-fn", help="Optional loss function loss_fn(output, batch).")
+    ] = "loss_fn",
+    weights: Annotated[
+        Path | None, typer.Option(help="state_dict to load (.pt via weights_only, .safetensors).")
+    ] = None,
+    batch_file: Annotated[
+        Path | None, typer.Option("--batch-file", help="Saved batch to use instead of batch-fn.")
+    ] = None,
+    dtype: Annotated[DType | None, typer.Option(help="Low-precision dtype.")] = None,
+    device: Annotated[Device | None, typer.Option(help="auto = cuda when available.")] = None,
+    backward: Annotated[
+        bool | None, typer.Option("--backward/--no-backward", help="Also check the backward pass.")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML settings overriding configs/default.yaml.")
+    ] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="Report format.")
+    ] = OutputFormat.text,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the report to this file.")
+    ] = None,
+    patch: Annotated[
+        Path | None, typer.Option(help="Write the suggested fixes as a unified diff here.")
+    ] = None,
+    select: Annotated[
+        list[str] | None, typer.Option(help="Rule codes or prefixes to report (repeatable).")
+    ] = None,
+    ignore: Annotated[
+        list[str] | None, typer.Option(help="Rule codes or prefixes to skip (repeatable).")
+    ] = None,
+    fail_on: Annotated[
+        FailOn | None, typer.Option("--fail-on", help="Lowest severity that exits 1.")
+    ] = None,
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings.")
+    ] = False,
+    color: Annotated[
+        bool | None, typer.Option("--color/--no-color", help="Colour the text report.")
+    ] = None,
+) -> None:
+    """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
+    from nan_hunter.api import scan_file
+    from nan_hunter.config import load_settings
+    from nan_hunter.loader import Names
+    from nan_hunter.report import render
+
+    try:
+        settings = load_settings(
+            config,
+            {
+                "dtype": dtype.value if dtype else None,
+                "device": device.value if device else None,
+                "backward": backward,
+                "select": select,
+                "ignore": ignore,
+                "fail_on": fail_on.value if fail_on else None,
+            },
+        )
+        report = scan_file(
+            path,
+            settings,
+            names=Names(model_fn=model_fn, batch_fn=batch_fn, loss_fn=loss_fn),
+            weights=weights,
+            batch_file=batch_file,
+        )
+    except NanHunterError as exc:
+        raise _fail(str(exc)) from None
+    except Exception as exc:  # a bug of ours: say so in one line
+        if os.environ.get("NAN_HUNTER_DEBUG"):
+            raise
+        raise _fail(
+            f"internal error: {type(exc).__name__}: {exc} (set NAN_HUNTER_DEBUG=1 for a traceback)"
+        ) from None
+
+    use_color = sys.stdout.isatty() if color is None else color
+    text = render(report, output_format.value, color=use_color and output is None)
+    if output is not None:
+        _write(output, text)
+        typer.echo(f"nan-hunter: report written to {output}", err=True)
+    else:
+        typer.echo(text, nl=False)
+    if patch is not None:
+        diffs = list(dict.fromkeys(f.fix.diff for f in report.findings if f.fix and f.fix.diff))
+        if diffs:
+            _write(patch, "".join(diffs))
+            typer.echo(f"nan-hunter: patch written to {patch}", err=True)
+        else:
+            typer.echo("nan-hunter: no patch to write: no finding has an automatic fix", err=True)
+    code = report.exit_code(settings.fail_on)
+    raise typer.Exit(EXIT_CLEAN if exit_zero else code)
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@app.command()
+def rules() -> None:
+    """List every rule code with its name and summary."""
+    from nan_hunter.rules import all_rules
+
+    for rule in all_rules():
+        typer.echo(f"{rule.code}  {rule.severity.value:<7}  {rule.name:<34}  {rule.summary}")
+
+
+@app.command()
+def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. NH101.")]) -> None:
+    """Show a rule's documentation: What, Why, Example, Fix."""
+    from nan_hunter.rules import get_rule
+
+    rule = get_rule(code)
+    if rule is None:
+        raise _fail(f"unknown rule code {code!r}; `nan-hunter rules` lists them")
+    console = Console(highlight=False)
+    console.print(Markdown(f"# {rule.code} {rule.name}\n\n{rule.summary}\n\n{rule.doc}"))
+
+
+def main() -> None:
+    app()

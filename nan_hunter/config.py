@@ -1,0 +1,126 @@
+"""Settings: ``configs/default.yaml``, then ``--config FILE``, then command-line flags.
+
+YAML is read with ``safe_load``; an unknown key or a value of the wrong type or choice is a
+``ConfigError`` naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nan_hunter.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "dtype": ("float16", "bfloat16"),
+    "device": ("auto", "cpu", "cuda"),
+    "mode": ("autocast",),
+    "policy": ("native",),
+    "fail_on": ("error", "warning"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    dtype: str = "float16"
+    device: str = "auto"
+    mode: str = "autocast"
+    policy: str = "native"
+    backward: bool = True
+    underflow_share: float = 0.25
+    underflow_min_count: int = 16
+    max_warnings: int = 20
+    upstream_depth: int = 12
+    select: tuple[str, ...] = ("NH",)
+    ignore: tuple[str, ...] = ()
+    fail_on: str = "error"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each setting came from: ``"default"``, a config file's path, or ``"cli"``."""
+
+    def rule_enabled(self, code: str) -> bool:
+        selected = any(code.startswith(prefix) for prefix in self.select)
+        ignored = any(code.startswith(prefix) for prefix in self.ignore)
+        return selected and not ignored
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "sources"}
+
+
+def _coerce(key: str, value: Any, origin: str) -> Any:
+    default = getattr(Settings(), key)
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{origin}: '{key}' must be a list of rule codes")
+        return tuple(v.upper() for v in value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{origin}: '{key}' must be true or false, got {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{origin}: '{key}' must be a number, got {value!r}")
+        if value < 0:
+            raise ConfigError(f"{origin}: '{key}' must not be negative, got {value!r}")
+        return type(default)(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{origin}: '{key}' must be a string, got {value!r}")
+    choices = _CHOICES.get(key)
+    if choices and value not in choices:
+        raise ConfigError(f"{origin}: '{key}' must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return data
+
+
+def _merge(values: dict[str, Any], sources: dict[str, str], data: Mapping[str, Any], origin: str,
+           label: str) -> None:
+    for key, value in data.items():
+        if key not in _FIELDS:
+            known = ", ".join(sorted(_FIELDS))
+            raise ConfigError(f"{origin}: unknown key '{key}' (known keys: {known})")
+        values[key] = _coerce(key, value, origin)
+        sources[key] = label
+
+
+def load_settings(
+    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Defaults, then ``config_file``, then ``overrides`` (entries that are None are skipped)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    _merge(values, sources, _read_yaml(DEFAULT_CONFIG), str(DEFAULT_CONFIG), "default")
+    if config_file is not None:
+        _merge(values, sources, _read_yaml(config_file), str(config_file), str(config_file))
+    cli = {k: v for k, v in (overrides or {}).items() if v is not None}
+    _merge(values, sources, cli, "command line", "cli")
+    return Settings(**values, sources=sources)

@@ -1,0 +1,261 @@
+"""The scan: passes, analysis, classification and fixes, from a loaded target to a ``Report``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from nan_hunter.analysis import analyse, backward_origins, cast_inputs, forward_origins
+from nan_hunter.config import Settings
+from nan_hunter.findings import (
+    Applicability,
+    Finding,
+    Fix,
+    Fp32Rerun,
+    OpRef,
+    Phase,
+    Report,
+    ScanTarget,
+    Severity,
+)
+from nan_hunter.fixes.autocast_region import build_autocast_region_patch
+from nan_hunter.loader import Target
+from nan_hunter.precision.context import autocast_context, fp32_context
+from nan_hunter.precision.formats import FloatFormat, format_for
+from nan_hunter.rules.nh001_bad_input import BadInput
+from nan_hunter.rules.nh502_underflow_share import subnormal_share
+from nan_hunter.rules.registry import Candidate, classify, get_rule
+from nan_hunter.runner import Batch, PassResult, run_pass
+from nan_hunter.trace.events import OpEvent
+from nan_hunter.trace.stats import tensor_stats
+
+
+def scan_target(target: Target, settings: Settings) -> Report:
+    started = time.perf_counter()
+    fmt = format_for(settings.dtype)
+    device = settings.resolved_device()
+    info = ScanTarget(
+        file=str(target.file),
+        mode=settings.mode,
+        dtype=settings.dtype,
+        device=device,
+        policy=settings.policy,
+    )
+    model = target.model.to(device)
+    batch = _batch_on(target.batch, device)
+
+    bad = [f for f in check_batch(batch, fmt) if settings.rule_enabled(f.code)]
+    if bad:
+        return Report(info, tuple(bad), 0, 0, 0, time.perf_counter() - started)
+
+    low = run_pass(
+        model, batch, target.loss_fn, autocast_context(device, fmt), fmt, backward=settings.backward
+    )
+    ref: PassResult | None = None
+    if forward_origins(low) or backward_origins(low):
+        ref = run_pass(
+            model,
+            batch,
+            target.loss_fn,
+            fp32_context(device),
+            fmt,
+            backward=bool(backward_origins(low)),
+        )
+    analysis = analyse(low, ref, fmt, upstream_depth=settings.upstream_depth)
+    errors = [
+        _finding(c, settings, device)
+        for c in (*analysis.forward, *analysis.backward)
+    ]
+    errors = [f for f in errors if f is not None]
+    warnings = _warnings(low, fmt, settings)
+    findings = sorted(errors, key=_order) + warnings[: settings.max_warnings]
+    return Report(
+        target=info,
+        findings=tuple(findings),
+        ops=len(low.events),
+        backward_nodes=len(low.grad_events),
+        propagated=analysis.propagated,
+        seconds=time.perf_counter() - started,
+        warnings_total=len(warnings),
+        loss=low.loss,
+    )
+
+
+def _order(f: Finding) -> tuple[int, int]:
+    return (0 if f.phase is Phase.FORWARD else 1, f.op_index or 0)
+
+
+def _batch_on(batch: Batch, device: str) -> Batch:
+    def move(x: Any) -> Any:
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    return Batch(args=tree_map(move, batch.args), kwargs=tree_map(move, batch.kwargs),
+                 raw=tree_map(move, batch.raw))
+
+
+def check_batch(batch: Batch, fmt: FloatFormat) -> list[Finding]:
+    """One NH001 finding per batch tensor that already holds NaN or inf."""
+    rule = BadInput()
+    named = [(f"args[{i}]", x) for i, x in enumerate(batch.args)]
+    named += [(f"kwargs[{k!r}]", x) for k, x in batch.kwargs.items()]
+    findings = []
+    for name, value in _named_tensors(named):
+        if not value.is_floating_point() or value.numel() == 0:
+            continue
+        bad = ~torch.isfinite(value)
+        if not bool(bad.any()):
+            continue
+        stats = tensor_stats(value, fmt)
+        indices = [[int(i) for i in row] for row in torch.nonzero(bad)[:5].tolist()]
+        findings.append(
+            Finding(
+                code=rule.code,
+                severity=rule.severity,
+                kind=rule.kind,
+                phase=Phase.FORWARD,
+                op="",
+                module="",
+                location=None,
+                origin=True,
+                message=rule.describe(name, stats.nan, stats.posinf + stats.neginf, indices),
+                fix=Fix(
+                    title="Clean the input data (preprocessing, nan_to_num)",
+                    applicability=Applicability.DISPLAY_ONLY,
+                    diff=None,
+                ),
+                inputs=(stats,),
+            )
+        )
+    return findings
+
+
+def _named_tensors(named: list[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, value in named:
+        if isinstance(value, torch.Tensor):
+            out.append((name, value))
+        elif isinstance(value, (list, tuple)):
+            out.extend(_named_tensors([(f"{name}[{i}]", v) for i, v in enumerate(value)]))
+        elif isinstance(value, dict):
+            out.extend(_named_tensors([(f"{name}[{k!r}]", v) for k, v in value.items()]))
+    return out
+
+
+def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
+    rule = classify(c)
+    if not settings.rule_enabled(rule.code):
+        return None
+    event = c.event
+    fp32 = None
+    if c.ref_finite is not None:
+        fp32 = Fp32Rerun(finite=c.ref_finite, abs_max=c.ref_abs_max,
+                         own_inputs_finite=c.own_inputs_finite)
+    upstream = None
+    if c.upstream is not None:
+        up = c.upstream.event
+        upstream = OpRef(op=up.op, module=up.module, location=up.location, reason=c.upstream.reason)
+    plan = rule.fix(c)
+    fix = None
+    if plan is not None:
+        diff = None
+        file = None
+        if plan.region and c.ref_finite and event.in_user_code and event.location is not None:
+            patch = build_autocast_region_patch(
+                Path(event.location.file),
+                event.location.line,
+                event.op,
+                len(event.inputs),
+                producer_lines=plan.extra_lines,
+                device_type=device,
+            )
+            if patch is not None:
+                diff, file = patch.diff, event.location.file
+        fix = Fix(
+            title=plan.title,
+            applicability=Applicability.SAFE if diff else Applicability.DISPLAY_ONLY,
+            diff=diff,
+            file=file,
+        )
+    return Finding(
+        code=rule.code,
+        severity=rule.severity,
+        kind=rule.kind_for(c),
+        phase=c.phase,
+        op=event.op,
+        module=event.module,
+        location=event.location,
+        origin=True,
+        message=rule.message(c),
+        fp32_rerun=fp32,
+        fix=fix,
+        inputs=event.inputs if c.grad is None else c.grad.incoming,
+        outputs=event.outputs if c.grad is None else c.grad.produced,
+        upstream=upstream,
+        op_index=event.index,
+    )
+
+
+def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Finding]:
+    """NH501 (FP32 results beyond range, not cast) and NH502 (subnormal share), one per site."""
+    cast_producers = {
+        e.producers[i]
+        for e in forward_origins(low)
+        for i in cast_inputs(e, fmt)
+        if e.producers[i] is not None
+    }
+    found: list[Finding] = []
+    seen: set[tuple[str, str, str, int]] = set()
+    for event in low.events:
+        if not event.inputs_finite or not event.outputs_finite:
+            continue
+        code = None
+        if not event.in_loss and event.index not in cast_producers and any(
+            s.dtype == "float32" and s.exceeds(fmt.max) for s in event.outputs
+        ):
+            code = "NH501"
+        elif _underflows(event, fmt, settings):
+            code = "NH502"
+        if code is None or not settings.rule_enabled(code):
+            continue
+        site = (code, event.op, event.location.file if event.location else "",
+                event.location.line if event.location else 0)
+        if site in seen:
+            continue
+        seen.add(site)
+        rule = get_rule(code)
+        assert rule is not None
+        c = Candidate(phase=Phase.FORWARD, event=event, fmt=fmt)
+        plan = rule.fix(c)
+        found.append(
+            Finding(
+                code=rule.code,
+                severity=Severity.WARNING,
+                kind=rule.kind,
+                phase=Phase.FORWARD,
+                op=event.op,
+                module=event.module,
+                location=event.location,
+                origin=False,
+                message=rule.message(c),
+                fix=Fix(plan.title, Applicability.DISPLAY_ONLY, None) if plan else None,
+                inputs=event.inputs,
+                outputs=event.outputs,
+                op_index=event.index,
+            )
+        )
+    return found
+
+
+def _underflows(event: OpEvent, fmt: FloatFormat, settings: Settings) -> bool:
+    if not any(s.dtype == fmt.name for s in event.outputs):
+        return False
+    tiny = sum(s.tiny for s in event.outputs)
+    if tiny < settings.underflow_min_count:
+        return False
+    c = Candidate(phase=Phase.FORWARD, event=event, fmt=fmt)
+    return subnormal_share(c) >= settings.underflow_share
+

@@ -1,0 +1,36 @@
+"""The one exception family for failures nan-hunter expects and explains.
+
+Library code raises these; only the CLI turns them into a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+
+class NanHunterError(Exception):
+    """Base class: an expected failure with a message fit for a user."""
+
+
+class ConfigError(NanHunterError):
+    """A bad configuration file, key or value."""
+
+
+class LoadError(NanHunterError):
+    """The user's model file, its functions, weights or batch could not be loaded."""
+
+
+class UserCodeError(NanHunterError):
+    """The user's own code raised while nan-hunter ran it."""
+
+    def __init__(self, message: str, *, user_frame: str | None = None) -> None:
+        super().__init__(message)
+        self.user_frame = user_frame
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base} (at {self.user_frame})" if self.user_frame else base
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (torch's messages run to many lines)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

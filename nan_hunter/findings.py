@@ -1,0 +1,143 @@
+"""Findings: what a scan reports, as frozen data. Rendering lives in ``nan_hunter.report``."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from nan_hunter.trace.stats import TensorStats
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class Kind(str, enum.Enum):
+    NAN = "nan"
+    INF = "inf"
+    OVERFLOW = "overflow"
+    UNDERFLOW = "underflow"
+    BAD_INPUT = "bad_input"
+    BANNED_OP = "banned_op"
+    OUT_OF_RANGE = "out_of_range"
+
+
+class Phase(str, enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+class Applicability(str, enum.Enum):
+    """How safe a fix is to apply without review, ordered as in Ruff."""
+
+    DISPLAY_ONLY = "display-only"
+    UNSAFE = "unsafe"
+    SAFE = "safe"
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    file: str
+    line: int
+    code: str
+
+    def render(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """A short reference to another op, e.g. the upstream op that caused a culprit."""
+
+    op: str
+    module: str
+    location: SourceLocation | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fp32Rerun:
+    """The culprit op in the FP32 reference run of the same model and batch."""
+
+    finite: bool
+    abs_max: float | None
+    own_inputs_finite: bool | None = None
+    """The op rerun in FP32 on its own (low-precision) inputs upcast; None if not rerun."""
+
+
+@dataclass(frozen=True)
+class Fix:
+    title: str
+    applicability: Applicability
+    diff: str | None
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: Severity
+    kind: Kind
+    phase: Phase
+    op: str
+    module: str
+    location: SourceLocation | None
+    origin: bool
+    message: str
+    fp32_rerun: Fp32Rerun | None = None
+    fix: Fix | None = None
+    inputs: tuple[TensorStats, ...] = ()
+    outputs: tuple[TensorStats, ...] = ()
+    upstream: OpRef | None = None
+    op_index: int | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+
+@dataclass(frozen=True)
+class ScanTarget:
+    """What was scanned, and how: the ``target`` object of the JSON report."""
+
+    file: str
+    mode: str
+    dtype: str
+    device: str
+    policy: str
+
+
+@dataclass(frozen=True)
+class Report:
+    target: ScanTarget
+    findings: tuple[Finding, ...]
+    ops: int
+    """Forward op calls traced (the loss included)."""
+    backward_nodes: int
+    """Backward nodes observed."""
+    propagated: int
+    """Op calls that only carried NaN/inf from an earlier origin."""
+    seconds: float
+    warnings_total: int = 0
+    """All warnings found, including those beyond ``max_warnings`` that are not listed."""
+    loss: TensorStats | None = None
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for f in self.findings if f.severity is Severity.ERROR)
+
+    @property
+    def warnings(self) -> int:
+        listed = sum(1 for f in self.findings if f.severity is Severity.WARNING)
+        return max(self.warnings_total, listed)
+
+    @property
+    def status(self) -> str:
+        return "findings" if self.findings else "clean"
+
+    def exit_code(self, fail_on: str = "error") -> int:
+        threshold = {Severity.ERROR} if fail_on == "error" else {Severity.ERROR, Severity.WARNING}
+        return 1 if any(f.severity in threshold for f in self.findings) else 0

@@ -1,0 +1,678 @@
+"""Wrap a culprit statement in an autocast-disabled region, upcasting the culprit op to FP32.
+
+Given the user's file, the line of the op call where FP16 broke, and optionally the lines of the
+ops that produced an out-of-range FP32 operand of it, :func:`build_autocast_region_patch` plans
+an edit like::
+
+    with torch.autocast(device_type="cuda", enabled=False):
+        dtd_inv = torch.inverse(dtd + self.lam * torch.eye(dtd.shape[0]))
+        codes = torch.matmul(dtd_inv.float(), z.float())
+
+The edit is made textually on the original source (positions come from :mod:`ast`; their column
+offsets are UTF-8 byte offsets), so comments and formatting elsewhere are kept. Lines inside
+multi-line string literals are never re-indented. The result is returned as a unified diff that
+``git apply`` and ``patch -p1`` accept, together with the whole patched text. Whenever the edit
+cannot be made safely (unparsable file, culprit in a compound-statement header, a lambda or a
+comprehension, statements sharing the region's lines, patched text that does not compile, ...)
+the function returns ``None`` instead.
+
+Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import pathlib
+import re
+import tokenize
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+__all__ = ["RegionPatch", "build_autocast_region_patch"]
+
+_SIMPLE_STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr)
+_DEFERRED_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_ATOMIC_OPERANDS = (ast.Name, ast.Attribute, ast.Subscript, ast.Call)
+_NOT_TENSORS = (
+    ast.Constant,
+    ast.List,
+    ast.Tuple,
+    ast.Set,
+    ast.Dict,
+    ast.JoinedStr,
+    *_DEFERRED_SCOPES,
+)
+_UPCAST_METHODS = frozenset({"float", "double"})
+_BINARY_OPERATORS: dict[str, tuple[type[ast.operator], str]] = {
+    "matmul": (ast.MatMult, "@"),
+    "mul": (ast.Mult, "*"),
+    "truediv": (ast.Div, "/"),
+    "add": (ast.Add, "+"),
+    "sub": (ast.Sub, "-"),
+    "pow": (ast.Pow, "**"),
+}
+_INDENT_UNIT = "    "
+_DEVICE_TYPE = re.compile(r"[A-Za-z0-9_:.\-]+")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+_SHEBANG_OR_CODING = re.compile(r"#!|[ \t\f]*#.*coding[:=]")
+
+
+@dataclass(frozen=True)
+class RegionPatch:
+    """A planned autocast-disabled region, as a diff and as the whole patched file."""
+
+    diff: str  # unified diff, paths "a/<relpath>" and "b/<relpath>"
+    new_source: str  # whole patched file text
+    first_line: int  # 1-based first line of the wrapped region in the ORIGINAL file
+    last_line: int  # 1-based last line of the wrapped region in the ORIGINAL file
+
+
+@dataclass(frozen=True)
+class _Located:
+    """The innermost statement containing a line, with the statement list it lives in."""
+
+    stmt: ast.stmt
+    block: list[ast.stmt]
+    index: int
+    in_function: bool
+
+
+@dataclass(frozen=True)
+class _Edit:
+    """Replace ``text[start:end]`` with ``replacement`` (character offsets)."""
+
+    start: int
+    end: int
+    replacement: str
+
+
+class _Source:
+    """Source text split into lines, mapping ast positions to character offsets."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = _split_lines(text)
+        self._starts: list[int] = []
+        offset = 0
+        for line in self.lines:
+            self._starts.append(offset)
+            offset += len(line)
+        self._starts.append(offset)
+
+    def line(self, lineno: int) -> str:
+        """The text of 1-based line ``lineno`` without its line ending."""
+        return self.lines[lineno - 1].rstrip("\r\n")
+
+    def char_col(self, lineno: int, byte_col: int) -> int:
+        """Convert an ast column (UTF-8 bytes) on ``lineno`` to a character column."""
+        return len(self.line(lineno).encode("utf-8")[:byte_col].decode("utf-8"))
+
+    def offset(self, lineno: int, byte_col: int) -> int:
+        """Character offset into the whole text of an ast position."""
+        return self._starts[lineno - 1] + self.char_col(lineno, byte_col)
+
+    def span(self, node: ast.expr | ast.stmt) -> tuple[int, int]:
+        """Character offsets ``(start, end)`` of a node."""
+        assert node.end_lineno is not None and node.end_col_offset is not None
+        return (
+            self.offset(node.lineno, node.col_offset),
+            self.offset(node.end_lineno, node.end_col_offset),
+        )
+
+    def segment(self, node: ast.expr) -> str:
+        start, end = self.span(node)
+        return self.text[start:end]
+
+
+def build_autocast_region_patch(
+    path: pathlib.Path,
+    culprit_line: int,
+    op_name: str,
+    n_tensor_operands: int,
+    producer_lines: Sequence[int] = (),
+    device_type: str = "cuda",
+    relative_to: pathlib.Path | None = None,
+) -> RegionPatch | None:
+    """Plan an edit wrapping the culprit statement in ``torch.autocast(..., enabled=False)``.
+
+    ``culprit_line`` is the 1-based line of the op call ``op_name`` (a user-level name such as
+    ``"torch.matmul"``, ``"Tensor.__matmul__"`` or ``"Tensor.softmax"``); its first
+    ``n_tensor_operands`` positional operands (0 = unknown) get ``.float()`` appended. The region
+    is extended backwards over the directly preceding statements of the same block up to the
+    earliest one containing a line of ``producer_lines``; producer lines elsewhere are ignored.
+    Diff paths are relative to ``relative_to`` (default: ``path.parent``).
+
+    Returns ``None`` when no safe edit can be made. Raises ``ValueError`` when ``path`` is not
+    inside ``relative_to`` or ``device_type`` is not a plain device name, and ``OSError`` when the
+    file cannot be read.
+    """
+    if not _DEVICE_TYPE.fullmatch(device_type):
+        raise ValueError(f"not a device type: {device_type!r}")
+    base = relative_to if relative_to is not None else path.parent
+    rel = path.absolute().relative_to(base.absolute()).as_posix()
+    original = _read_source(path)
+    if original is None:
+        return None
+    bom = "\ufeff" if original.startswith("\ufeff") else ""
+    patched = _patch_text(
+        original[len(bom) :],
+        culprit_line,
+        op_name,
+        max(n_tensor_operands, 0),
+        producer_lines,
+        device_type,
+    )
+    if patched is None:
+        return None
+    new_text, first_line, last_line = patched
+    if not _compiles(new_text, str(path)):
+        return None
+    new_source = bom + new_text
+    diff = _unified_diff(_split_lines(original), _split_lines(new_source), rel)
+    return RegionPatch(diff=diff, new_source=new_source, first_line=first_line, last_line=last_line)
+
+
+def _patch_text(
+    text: str,
+    culprit_line: int,
+    op_name: str,
+    n_tensor_operands: int,
+    producer_lines: Sequence[int],
+    device_type: str,
+) -> tuple[str, int, int] | None:
+    """The patched text and the region's original first and last line, or ``None``."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    source = _Source(text)
+    located = _locate(tree.body, culprit_line)
+    if located is None or not isinstance(located.stmt, _SIMPLE_STATEMENTS):
+        return None
+    first_index = _region_start(source, located, tree.body, producer_lines)
+    if first_index is None:
+        return None
+    first_stmt = located.block[first_index]
+    first_line = _stmt_start(first_stmt)
+    last_line = located.stmt.end_lineno
+    assert last_line is not None
+    interior = _string_interior_lines(source.lines)
+    if interior is None:
+        return None
+    edits = _upcast_edits(source, tree, located.stmt, culprit_line, op_name, n_tensor_operands)
+    if edits is None:
+        return None
+    lines = _split_lines(_apply_edits(text, edits))
+    if len(lines) != len(source.lines):
+        return None
+    indent = _leading_indent(source, first_stmt)
+    unit = "\t" if "\t" in indent else _INDENT_UNIT
+    newline = _newline_of(source.lines)
+    for lineno in range(first_line, last_line + 1):
+        if lineno not in interior and lines[lineno - 1].strip():
+            lines[lineno - 1] = unit + lines[lineno - 1]
+    header = f'{indent}with torch.autocast(device_type="{device_type}", enabled=False):{newline}'
+    insertions = [(first_line - 1, header)]
+    if not _has_torch_import(tree.body, first_line, located.in_function):
+        at = _import_insert_index(tree.body, source, first_line, located.in_function)
+        insertions.append((at, f"import torch{newline}"))
+    for index, new_line in sorted(insertions, key=lambda item: item[0], reverse=True):
+        _insert_line(lines, index, new_line, newline)
+    return "".join(lines), first_line, last_line
+
+
+# --- reading, lines, compiling, diffing --------------------------------------------------------
+
+
+def _read_source(path: pathlib.Path) -> str | None:
+    """The file's text, decoded per its coding cookie, keeping its line endings."""
+    raw = path.read_bytes()
+    try:
+        encoding, _ = tokenize.detect_encoding(iter(raw.splitlines(keepends=True)).__next__)
+        return raw.decode("utf-8" if encoding == "utf-8-sig" else encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError):
+        return None
+
+
+def _split_lines(text: str) -> list[str]:
+    """Split on ``\\r\\n``, ``\\r`` and ``\\n`` only (as Python does), keeping the endings."""
+    return _LINE.findall(text)
+
+
+def _newline_of(lines: Sequence[str]) -> str:
+    for line in lines:
+        stripped = line.rstrip("\r\n")
+        if stripped != line:
+            return line[len(stripped) :]
+    return "\n"
+
+
+def _insert_line(lines: list[str], index: int, new_line: str, newline: str) -> None:
+    """Insert ``new_line`` before ``lines[index]``, ending the line above it if needed."""
+    if index > 0 and not lines[index - 1].endswith(("\n", "\r")):
+        lines[index - 1] += newline
+    lines.insert(index, new_line)
+
+
+def _compiles(text: str, filename: str) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(text, filename, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            return False
+    return True
+
+
+def _unified_diff(old_lines: list[str], new_lines: list[str], rel: str) -> str:
+    """A unified diff in which every line ends in a newline, marking a missing final newline."""
+    out: list[str] = []
+    for line in difflib.unified_diff(old_lines, new_lines, f"a/{rel}", f"b/{rel}"):
+        if line.endswith(("\n", "\r")):
+            out.append(line)
+        else:
+            out.append(line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def _string_interior_lines(lines: list[str]) -> set[int] | None:
+    """1-based lines that start inside a multi-line string literal (never re-indented)."""
+    interior: set[int] = set()
+    opened: list[int] = []
+    starts = {getattr(tokenize, name, None) for name in ("FSTRING_START", "TSTRING_START")}
+    ends = {getattr(tokenize, name, None) for name in ("FSTRING_END", "TSTRING_END")}
+    starts.discard(None)
+    ends.discard(None)
+    try:
+        for token in tokenize.generate_tokens(iter(lines).__next__):
+            if token.type == tokenize.STRING:
+                interior.update(range(token.start[0] + 1, token.end[0] + 1))
+            elif token.type in starts:
+                opened.append(token.start[0])
+            elif token.type in ends and opened:
+                interior.update(range(opened.pop() + 1, token.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    return interior
+
+
+def _apply_edits(text: str, edits: list[_Edit]) -> str:
+    """Apply non-overlapping edits right-to-left."""
+    for edit in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
+        text = text[: edit.start] + edit.replacement + text[edit.end :]
+    return text
+
+
+# --- locating the culprit statement and the region ---------------------------------------------
+
+
+def _stmt_start(stmt: ast.stmt) -> int:
+    """First line of a statement, counting its decorators."""
+    decorators = getattr(stmt, "decorator_list", [])
+    return min([stmt.lineno, *(d.lineno for d in decorators)])
+
+
+def _contains(stmt: ast.stmt, line: int) -> bool:
+    assert stmt.end_lineno is not None
+    return _stmt_start(stmt) <= line <= stmt.end_lineno
+
+
+def _statement_lists(stmt: ast.stmt) -> Iterator[list[ast.stmt]]:
+    """The statement lists nested directly in a compound statement (bodies, handlers, cases)."""
+    for field in stmt._fields:
+        value = getattr(stmt, field, None)
+        if not isinstance(value, list) or not value:
+            continue
+        if all(isinstance(item, ast.stmt) for item in value):
+            yield value
+        for item in value:
+            if isinstance(item, (ast.excepthandler, ast.match_case)):
+                yield item.body
+
+
+def _locate(body: list[ast.stmt], line: int) -> _Located | None:
+    """The innermost statement containing ``line``; ``None`` if none or ambiguous."""
+    block = body
+    in_function = False
+    while True:
+        hits = [i for i, stmt in enumerate(block) if _contains(stmt, line)]
+        if len(hits) != 1:
+            return None
+        stmt = block[hits[0]]
+        inner = next(
+            (lst for lst in _statement_lists(stmt) if any(_contains(s, line) for s in lst)),
+            None,
+        )
+        if inner is None:
+            return _Located(stmt, block, hits[0], in_function)
+        in_function = in_function or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+        block = inner
+
+
+def _region_start(
+    source: _Source,
+    located: _Located,
+    module_body: list[ast.stmt],
+    producer_lines: Sequence[int],
+) -> int | None:
+    """Index in the culprit's block of the region's first statement, or ``None``."""
+    start = located.index
+    for line in producer_lines:
+        producer = _locate(module_body, line)
+        if producer is not None and producer.block is located.block:
+            start = min(start, producer.index)
+    while start < located.index and _is_unwrappable(located.block, start):
+        start += 1
+    if not _ends_line(source, located.stmt):
+        return None
+    for index in range(start, located.index + 1):
+        if _starts_line(source, located.block[index]):
+            return index
+    return None
+
+
+def _is_unwrappable(block: list[ast.stmt], index: int) -> bool:
+    """A docstring or a ``from __future__`` import must stay where it is."""
+    stmt = block[index]
+    if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+        return True
+    return (
+        index == 0
+        and isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
+
+
+def _leading_indent(source: _Source, stmt: ast.stmt) -> str:
+    line = source.line(_stmt_start(stmt))
+    return line[: len(line) - len(line.lstrip(" \t\f"))]
+
+
+def _starts_line(source: _Source, stmt: ast.stmt) -> bool:
+    """Nothing but indentation precedes the statement (or its decorators) on its first line."""
+    if getattr(stmt, "decorator_list", None):
+        return source.line(_stmt_start(stmt)).lstrip(" \t\f").startswith("@")
+    before = source.line(stmt.lineno)[: source.char_col(stmt.lineno, stmt.col_offset)]
+    return not before.strip(" \t\f")
+
+
+def _ends_line(source: _Source, stmt: ast.stmt) -> bool:
+    """Nothing but whitespace or a comment follows the statement on its last line."""
+    assert stmt.end_lineno is not None and stmt.end_col_offset is not None
+    line = source.line(stmt.end_lineno)
+    rest = line[source.char_col(stmt.end_lineno, stmt.end_col_offset) :].strip(" \t\f")
+    return not rest or rest.startswith("#")
+
+
+# --- imports -----------------------------------------------------------------------------------
+
+
+def _visible_imports(
+    body: list[ast.stmt], first_line: int, in_function: bool
+) -> list[ast.Import | ast.ImportFrom]:
+    """Module-level imports that have run when the region runs."""
+    imports = [s for s in body if isinstance(s, (ast.Import, ast.ImportFrom))]
+    if in_function:
+        return imports
+    return [s for s in imports if s.end_lineno is not None and s.end_lineno < first_line]
+
+
+def _has_torch_import(body: list[ast.stmt], first_line: int, in_function: bool) -> bool:
+    for stmt in _visible_imports(body, first_line, in_function):
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.name == "torch" and alias.asname in (None, "torch"):
+                    return True
+                if alias.name.startswith("torch.") and alias.asname is None:
+                    return True
+    return False
+
+
+def _import_insert_index(
+    body: list[ast.stmt], source: _Source, first_line: int, in_function: bool
+) -> int:
+    """0-based line index before which ``import torch`` goes."""
+    imports = _visible_imports(body, first_line, in_function)
+    if imports:
+        return max(s.end_lineno or s.lineno for s in imports)
+    if body and _is_unwrappable(body, 0) and isinstance(body[0], ast.Expr):
+        return body[0].end_lineno or body[0].lineno
+    index = 0
+    while index < min(2, len(source.lines)) and _SHEBANG_OR_CODING.match(source.lines[index]):
+        index += 1
+    return index
+
+
+def _import_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """Names bound by imports anywhere: ``(all of them, those bound to torch modules)``."""
+    names: set[str] = set()
+    torch_names = {"torch"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                names.add(bound)
+                if alias.name == "torch" or alias.name.startswith("torch."):
+                    torch_names.add(bound)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                names.add(bound)
+                if node.level == 0 and (module == "torch" or module.startswith("torch.")):
+                    torch_names.add(bound)
+    return names, torch_names
+
+
+# --- finding the op node -----------------------------------------------------------------------
+
+
+def _walk(
+    node: ast.AST, depth: int = 0, hidden: bool = False
+) -> Iterator[tuple[ast.AST, int, bool]]:
+    """Yield ``(node, depth, inside a lambda or comprehension)`` for a subtree."""
+    yield node, depth, hidden
+    hidden = hidden or isinstance(node, _DEFERRED_SCOPES)
+    for child in ast.iter_child_nodes(node):
+        yield from _walk(child, depth + 1, hidden)
+
+
+def _binary_operator(op_name: str) -> tuple[type[ast.operator], str] | None:
+    """``Tensor.__rmatmul__`` -> ``(ast.MatMult, "@")``; ``None`` for non-operator ops."""
+    last = op_name.rsplit(".", 1)[-1]
+    if not (last.startswith("__") and last.endswith("__")):
+        return None
+    name = last[2:-2]
+    if name in _BINARY_OPERATORS:
+        return _BINARY_OPERATORS[name]
+    if name[:1] in ("r", "i") and name[1:] in _BINARY_OPERATORS:
+        return _BINARY_OPERATORS[name[1:]]
+    return None
+
+
+def _func_last_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _root_name(expr: ast.expr) -> str | None:
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def _on_line(node: ast.AST, line: int) -> bool:
+    """The node is anchored on ``line`` (its start, or a method call's attribute line)."""
+    if getattr(node, "lineno", None) == line:
+        return True
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.end_lineno == line
+    )
+
+
+def _spans(node: ast.AST, line: int) -> bool:
+    start = getattr(node, "lineno", None)
+    end = getattr(node, "end_lineno", None)
+    return start is not None and end is not None and start <= line <= end
+
+
+def _pick(candidates: list[tuple[ast.AST, int]], line: int, outermost: bool) -> ast.AST | None:
+    """Prefer nodes anchored on ``line`` (first in source order), else the innermost spanning."""
+    anchored = [(node, depth) for node, depth in candidates if _on_line(node, line)]
+    if anchored:
+
+        def order(item: tuple[ast.AST, int]) -> tuple[int, ...]:
+            node, depth = item
+            position = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+            return (depth, *position) if outermost else (*position, depth)
+
+        return min(anchored, key=order)[0]
+    if candidates:
+        return max(candidates, key=lambda item: item[1])[0]
+    return None
+
+
+def _find_op_node(stmt: ast.stmt, line: int, op_name: str, torch_names: set[str]) -> ast.AST | None:
+    """The culprit op's node in ``stmt``; ``None`` if absent or only in a lambda/comprehension."""
+    operator = _binary_operator(op_name)
+    last = op_name.rsplit(".", 1)[-1]
+    visible: list[tuple[ast.AST, int]] = []
+    any_hidden = False
+    for node, depth, hidden in _walk(stmt):
+        if not _spans(node, line):
+            continue
+        if operator is not None:
+            matches = isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(
+                node.op, operator[0]
+            )
+        else:
+            matches = isinstance(node, ast.Call) and _func_last_name(node.func) == last
+        if matches and hidden:
+            any_hidden = True
+        elif matches:
+            visible.append((node, depth))
+    if visible:
+        return _pick(visible, line, outermost=False)
+    if any_hidden:
+        return None
+    fallback = [
+        (node, depth)
+        for node, depth, hidden in _walk(stmt)
+        if isinstance(node, ast.Call)
+        and not hidden
+        and _spans(node, line)
+        and _root_name(node.func) not in torch_names
+    ]
+    return _pick(fallback, line, outermost=True)
+
+
+# --- operand upcasts ---------------------------------------------------------------------------
+
+
+def _is_upcast(expr: ast.expr) -> bool:
+    """``expr`` already ends in ``.float()`` (or ``.double()``)."""
+    return (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Attribute)
+        and expr.func.attr in _UPCAST_METHODS
+        and not expr.args
+        and not expr.keywords
+    )
+
+
+def _is_constant(expr: ast.expr) -> bool:
+    """A literal (``-1`` included) or a display that cannot be a tensor."""
+    if isinstance(expr, ast.UnaryOp):
+        return _is_constant(expr.operand)
+    return isinstance(expr, _NOT_TENSORS)
+
+
+def _upcast_operand(source: _Source, expr: ast.expr) -> list[_Edit]:
+    """Edits turning ``expr`` into ``expr.float()`` / ``(expr).float()``; none if not needed."""
+    if _is_upcast(expr) or _is_constant(expr) or isinstance(expr, ast.Starred):
+        return []
+    start, end = source.span(expr)
+    if isinstance(expr, _ATOMIC_OPERANDS):
+        return [_Edit(end, end, ".float()")]
+    return [_Edit(start, start, "("), _Edit(end, end, ").float()")]
+
+
+def _positional(call: ast.Call) -> list[ast.expr]:
+    """Positional arguments up to the first ``*args`` (later positions are unknown)."""
+    args: list[ast.expr] = []
+    for arg in call.args:
+        if isinstance(arg, ast.Starred):
+            break
+        args.append(arg)
+    return args
+
+
+def _call_operands(call: ast.Call, n: int, method: bool) -> list[ast.expr]:
+    args = _positional(call)
+    if method:
+        assert isinstance(call.func, ast.Attribute)
+        return [call.func.value, *args[: max(n - 1, 0)]]
+    if n:
+        return args[:n]
+    return [arg for arg in args if not _is_constant(arg)]
+
+
+def _aug_assign_edits(source: _Source, stmt: ast.AugAssign, symbol: str) -> list[_Edit] | None:
+    """``x @= w`` -> ``x = x.float() @ w.float()`` (an in-place op cannot hold FP32)."""
+    target = stmt.target
+    if not isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)):
+        return None
+    if target.lineno != target.end_lineno:
+        return None
+    _, target_end = source.span(target)
+    value_start, _ = source.span(stmt.value)
+    gap = source.text[target_end:value_start]
+    at = gap.find(symbol + "=")
+    if at < 0:
+        return None
+    start = target_end + at
+    replacement = f"= {source.segment(target)}.float() {symbol}"
+    return [
+        _Edit(start, start + len(symbol) + 1, replacement),
+        *_upcast_operand(source, stmt.value),
+    ]
+
+
+def _upcast_edits(
+    source: _Source,
+    tree: ast.Module,
+    stmt: ast.stmt,
+    line: int,
+    op_name: str,
+    n_tensor_operands: int,
+) -> list[_Edit] | None:
+    """Edits appending ``.float()`` to the culprit op's tensor operands, or ``None``."""
+    module_names, torch_names = _import_bindings(tree)
+    node = _find_op_node(stmt, line, op_name, torch_names)
+    if node is None:
+        return None
+    if isinstance(node, ast.AugAssign):
+        operator = _binary_operator(op_name)
+        assert operator is not None
+        return _aug_assign_edits(source, node, operator[1])
+    if isinstance(node, ast.BinOp):
+        operands = [node.left, node.right]
+    else:
+        assert isinstance(node, ast.Call)
+        func = node.func
+        matched = _func_last_name(func) == op_name.rsplit(".", 1)[-1]
+        method = (
+            matched
+            and isinstance(func, ast.Attribute)
+            and _root_name(func.value) not in module_names | torch_names
+        )
+        operands = _call_operands(node, n_tensor_operands, method)
+    return [edit for operand in operands for edit in _upcast_operand(source, operand)]

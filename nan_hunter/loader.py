@@ -1,0 +1,195 @@
+"""Discovery: import the user's model file and build the model, batch and loss from it.
+
+The file (a path, or ``pkg.module``) defines ``build_model()``, ``sample_batch()`` and optionally
+``loss_fn(output, batch)``; the names can be changed. It is imported with its folder first on
+``sys.path``, restored afterwards. Weights and saved batches are loaded with
+``torch.load(..., weights_only=True)`` (or safetensors), never with pickle.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from nan_hunter.errors import LoadError, UserCodeError, first_line
+from nan_hunter.runner import Batch, LossFn
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a scan runs: the user's model, batch and loss, and where they came from."""
+
+    model: torch.nn.Module
+    batch: Batch
+    loss_fn: LossFn | None
+    file: Path
+    """The model file (the patch is written against it)."""
+    module_name: str
+
+
+@dataclass(frozen=True)
+class Names:
+    model_fn: str = "build_model"
+    batch_fn: str = "sample_batch"
+    loss_fn: str = "loss_fn"
+
+
+def load_target(
+    spec: str,
+    names: Names | None = None,
+    *,
+    weights: Path | None = None,
+    batch_file: Path | None = None,
+) -> Target:
+    names = names or Names()
+    module = import_user_module(spec)
+    file = Path(module.__file__ or spec).resolve()
+    build = _function(module, names.model_fn, required=True)
+    assert build is not None
+    model = _call_user(build, names.model_fn)
+    if not isinstance(model, torch.nn.Module):
+        raise LoadError(
+            f"{names.model_fn}() in {file.name} must return a torch.nn.Module, "
+            f"got {type(model).__name__}"
+        )
+    if weights is not None:
+        load_weights(model, weights)
+    if batch_file is not None:
+        raw = load_tensors(batch_file, what="batch")
+    else:
+        make_batch = _function(module, names.batch_fn, required=True)
+        assert make_batch is not None
+        raw = _call_user(make_batch, names.batch_fn)
+    batch = as_batch(raw, source=f"{names.batch_fn}()" if batch_file is None else str(batch_file))
+    loss = _function(module, names.loss_fn, required=False)
+    return Target(model=model, batch=batch, loss_fn=loss, file=file, module_name=module.__name__)
+
+
+def as_batch(raw: Any, source: str) -> Batch:
+    if isinstance(raw, torch.Tensor):
+        return Batch(args=(raw,), kwargs={}, raw=raw)
+    if isinstance(raw, (tuple, list)):
+        return Batch(args=tuple(raw), kwargs={}, raw=raw)
+    if isinstance(raw, dict):
+        bad = [k for k in raw if not isinstance(k, str)]
+        if bad:
+            raise LoadError(f"{source} returned a dict whose keys are not all strings: {bad[0]!r}")
+        return Batch(args=(), kwargs=dict(raw), raw=raw)
+    raise LoadError(
+        f"{source} must return a Tensor, a tuple of Tensors or a dict, got {type(raw).__name__}"
+    )
+
+
+@contextmanager
+def _folder_on_path(folder: Path) -> Iterator[None]:
+    saved = list(sys.path)
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def import_user_module(spec: str) -> ModuleType:
+    """Import a file path (``models/net.py``) or a dotted module name (``pkg.net``)."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.exists():
+        if not path.is_file():
+            raise LoadError(f"model file not found: {spec}")
+        path = path.resolve()
+        name = f"_nan_hunter_user_{path.stem}_{abs(hash(str(path))) & 0xFFFFFF:06x}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise LoadError(f"cannot import {spec}: not a Python file")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        try:
+            with _folder_on_path(path.parent):
+                _run_user(lambda: module_spec.loader.exec_module(module), f"importing {spec}")  # type: ignore[union-attr]
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        return module
+    with _folder_on_path(Path.cwd()):
+        try:
+            return _run_user(lambda: importlib.import_module(spec), f"importing {spec}")
+        except UserCodeError as exc:
+            if isinstance(exc.__cause__, ModuleNotFoundError) and exc.__cause__.name == spec:
+                raise LoadError(f"model file or module not found: {spec}") from None
+            raise
+
+
+def _run_user(action: Callable[[], Any], what: str) -> Any:
+    try:
+        return action()
+    except SyntaxError as exc:
+        raise LoadError(
+            f"syntax error in {exc.filename}:{exc.lineno}: {exc.msg}"
+        ) from exc
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        user = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
+        where = f"{user.filename}:{user.lineno}" if user else None
+        raise UserCodeError(
+            f"{type(exc).__name__} while {what}: {first_line(exc)}", user_frame=where
+        ) from exc
+
+
+def _function(module: ModuleType, name: str, *, required: bool) -> Any:
+    value = getattr(module, name, None)
+    if value is None:
+        if required:
+            raise LoadError(f"{Path(module.__file__ or '').name or module.__name__} defines no "
+                            f"{name}(); define it or name another function with --"
+                            f"{'model' if 'model' in name else 'batch'}-fn")
+        return None
+    if not callable(value):
+        raise LoadError(f"{name} in {module.__name__} is a {type(value).__name__}, not a function")
+    return value
+
+
+def _call_user(func: Callable[[], Any], name: str) -> Any:
+    return _run_user(func, f"calling {name}()")
+
+
+def load_tensors(path: Path, *, what: str) -> Any:
+    """A tensor, a state_dict or a nest of tensors, loaded without running pickled code."""
+    if not path.is_file():
+        raise LoadError(f"{what} file not found: {path}")
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError as exc:
+            raise LoadError(f"{path} is a .safetensors file; pip install safetensors") from exc
+        try:
+            return load_file(str(path))
+        except Exception as exc:
+            raise LoadError(f"cannot read {what} file {path}: {exc}") from exc
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise LoadError(
+            f"cannot load {what} file {path} safely (weights_only=True): {first_line(exc)}"
+        ) from exc
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    state = load_tensors(path, what="weights")
+    if not isinstance(state, dict):
+        raise LoadError(f"weights file {path} holds a {type(state).__name__}, not a state_dict")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3])
+        raise LoadError(f"weights file {path} does not fit the model: {detail}") from exc

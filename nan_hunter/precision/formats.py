@@ -1,0 +1,44 @@
+"""Number formats nan-hunter reasons about, with limits taken from ``torch.finfo``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    name: str
+    dtype: torch.dtype
+    max: float
+    smallest_normal: float
+    smallest_subnormal: float
+
+    @classmethod
+    def of(cls, dtype: torch.dtype) -> FloatFormat:
+        info = torch.finfo(dtype)
+        return cls(
+            name=str(dtype).removeprefix("torch."),
+            dtype=dtype,
+            max=float(info.max),
+            smallest_normal=float(info.smallest_normal),
+            smallest_subnormal=float(info.smallest_normal) * float(info.eps),
+        )
+
+    def rounds_to_zero(self, value: float) -> bool:
+        """True when a nonzero Python scalar becomes 0 once rounded to this format."""
+        if value == 0:
+            return False
+        return torch.tensor(value, dtype=self.dtype).item() == 0
+
+
+FP16 = FloatFormat.of(torch.float16)
+BF16 = FloatFormat.of(torch.bfloat16)
+FP32 = FloatFormat.of(torch.float32)
+
+LOW_PRECISION = {"float16": FP16, "bfloat16": BF16}
+
+
+def format_for(name: str) -> FloatFormat:
+    return LOW_PRECISION[name]

@@ -1,0 +1,90 @@
+"""The JSON report: ``schema: "nan-hunter/report/v1"``, stable field names, findings in order."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nan_hunter import __version__
+from nan_hunter.findings import Finding, OpRef, Report, SourceLocation
+from nan_hunter.report.paths import display_path
+
+SCHEMA = "nan-hunter/report/v1"
+
+
+def _location(loc: SourceLocation | None) -> dict[str, Any] | None:
+    if loc is None:
+        return None
+    return {"file": display_path(loc.file), "line": loc.line, "code": loc.code}
+
+
+def _upstream(ref: OpRef | None) -> dict[str, Any] | None:
+    if ref is None:
+        return None
+    return {
+        "op": ref.op,
+        "module": ref.module,
+        "location": _location(ref.location),
+        "reason": ref.reason,
+    }
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    return {
+        "code": f.code,
+        "severity": f.severity.value,
+        "kind": f.kind.value,
+        "phase": f.phase.value,
+        "op": f.op,
+        "module": f.module,
+        "location": _location(f.location),
+        "origin": f.origin,
+        "fp32_rerun": None
+        if f.fp32_rerun is None
+        else {
+            "finite": f.fp32_rerun.finite,
+            "abs_max": f.fp32_rerun.abs_max,
+            "own_inputs_finite": f.fp32_rerun.own_inputs_finite,
+        },
+        "message": f.message,
+        "fix": None
+        if f.fix is None
+        else {
+            "title": f.fix.title,
+            "applicability": f.fix.applicability.value,
+            "diff": f.fix.diff,
+            "file": display_path(f.fix.file) if f.fix.file else None,
+        },
+        "upstream": _upstream(f.upstream),
+        "inputs": [s.to_dict() for s in f.inputs],
+        "outputs": [s.to_dict() for s in f.outputs],
+    }
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    t = report.target
+    return {
+        "schema": SCHEMA,
+        "tool": {"name": "nan-hunter", "version": __version__},
+        "target": {
+            "file": display_path(t.file),
+            "mode": t.mode,
+            "dtype": t.dtype,
+            "device": t.device,
+            "policy": t.policy,
+        },
+        "status": report.status,
+        "findings": [finding_dict(f) for f in report.findings],
+        "summary": {
+            "ops": report.ops,
+            "backward_nodes": report.backward_nodes,
+            "errors": report.errors,
+            "warnings": report.warnings,
+            "propagated": report.propagated,
+            "seconds": round(report.seconds, 4),
+        },
+    }
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report_dict(report), indent=2) + "\n"

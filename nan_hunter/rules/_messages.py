@@ -1,0 +1,23 @@
+"""Shared wording for rule messages."""
+
+from __future__ import annotations
+
+from nan_hunter.rules.registry import Candidate
+from nan_hunter.trace.stats import format_number
+
+
+def fp32_reach(c: Candidate) -> str:
+    """``"reaches 1.2e+05 in FP32"`` from the FP32 reference, or "" when there is none."""
+    if c.ref_abs_max is None:
+        return ""
+    return f"; in FP32 it reaches |x| = {format_number(c.ref_abs_max)}"
+
+
+def output_damage(c: Candidate) -> str:
+    stats = c.grad.produced if c.grad is not None else c.event.outputs
+    nan = sum(s.nan for s in stats)
+    inf = sum(s.posinf + s.neginf for s in stats)
+    parts = [f"{inf} inf"] if inf else []
+    if nan:
+        parts.append(f"{nan} NaN")
+    return " and ".join(parts) if parts else "non-finite values"

@@ -1,0 +1,67 @@
+"""NH301: non-finite in FP32 too: a real bug, not a precision problem."""
+
+from __future__ import annotations
+
+from nan_hunter.findings import Kind
+from nan_hunter.rules._messages import output_damage
+from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
+
+_DOMAIN_HINTS = {
+    "log": "the log of a negative number or of 0",
+    "log2": "the log of a negative number or of 0",
+    "log10": "the log of a negative number or of 0",
+    "sqrt": "the square root of a negative number",
+    "rsqrt": "the reciprocal square root of a negative number or of 0",
+    "truediv": "a division by 0",
+    "div": "a division by 0",
+    "reciprocal": "the reciprocal of 0",
+    "acos": "acos outside [-1, 1]",
+    "asin": "asin outside [-1, 1]",
+    "pow": "a negative base to a fractional power",
+}
+
+
+@register
+class NonFiniteInFp32(Rule):
+    code = "NH301"
+    name = "non-finite-in-fp32"
+    priority = 10
+    kind = Kind.NAN
+    summary = "The op is non-finite in FP32 as well: a real bug, not a precision problem."
+    doc = """\
+## What
+The op's output is NaN or inf in the FP32 reference run too, with the same model and batch.
+
+## Why
+Precision is not the cause: no autocast setting, loss scale or BF16 will fix it. Common causes are
+the log or square root of a negative number, a division by zero, or inf - inf.
+
+## Example
+```python
+h = self.fc(x)                                # may be negative
+y = torch.log(h)                              # NaN in FP32 and FP16 alike
+```
+
+## Fix
+Guard the operand: `torch.log(h.clamp_min(eps))`, `torch.sqrt(v + eps)`, a softplus, or a check
+of the data. nan-hunter suggests no autocast patch for this rule.
+"""
+
+    def matches(self, c: Candidate) -> bool:
+        return c.ref_finite is False
+
+    def kind_for(self, c: Candidate) -> Kind:
+        stats = c.grad.produced if c.grad is not None else c.event.outputs
+        return Kind.NAN if any(s.nan for s in stats) else Kind.INF
+
+    def message(self, c: Candidate) -> str:
+        hint = _DOMAIN_HINTS.get(c.op_name)
+        cause = f", likely {hint}" if hint else ""
+        return (
+            f"{c.event.op} gets {output_damage(c)} in FP32 as well: not a precision problem"
+            f"{cause}"
+        )
+
+    def fix(self, c: Candidate) -> FixPlan:
+        hint = _DOMAIN_HINTS.get(c.op_name, "an invalid operand")
+        return FixPlan(title=f"Guard the operand against {hint} (clamp or eps); no autocast fix")

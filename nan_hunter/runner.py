@@ -1,0 +1,180 @@
+"""Runs the user's model once (forward, loss, backward) under a precision setting, traced.
+
+The model is left exactly as it was found: parameters, buffers, ``.grad``, train/eval flags and
+``requires_grad`` are restored in ``finally``. Gradients are taken with ``torch.autograd.grad``,
+so the user's ``.grad`` fields are never written in the first place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nan_hunter.errors import UserCodeError, first_line
+from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
+from nan_hunter.trace.modules import ModuleTracker
+from nan_hunter.trace.source import frame_origin
+from nan_hunter.trace.stats import TensorStats, tensor_stats
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The model's inputs: ``model(*args, **kwargs)``; ``raw`` is what ``sample_batch`` gave."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    raw: Any
+
+
+@dataclass(frozen=True)
+class PassResult:
+    events: tuple[OpEvent, ...]
+    grad_events: tuple[GradEvent, ...]
+    first_origin_call: CapturedCall | None
+    loss: TensorStats | None
+    backward_ran: bool
+
+
+class ModelState:
+    """A snapshot of everything a forward/backward can change in a model, and its restore."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = model
+        with torch.no_grad():
+            self._tensors = [
+                (t, t.detach().clone())
+                for t in [*model.parameters(), *model.buffers()]
+            ]
+        self._grads = [(p, p.grad) for p in model.parameters()]
+        self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
+        self._training = [(m, m.training) for m in model.modules()]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for live, saved in self._tensors:
+                if live.shape == saved.shape and live.dtype == saved.dtype:
+                    live.copy_(saved)
+        for p, grad in self._grads:
+            p.grad = grad
+        for p, flag in self._requires_grad:
+            p.requires_grad_(flag)
+        for m, flag in self._training:
+            m.train(flag)
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """Sum of the means of all floating-point tensors in ``output`` (any nesting)."""
+    terms = [t.float().mean() for t in _floating_tensors(output) if t.numel() > 0]
+    if not terms:
+        raise UserCodeError(
+            "the model's output holds no floating-point tensor to build a loss from; "
+            "define loss_fn(output, batch) in the model file"
+        )
+    return torch.stack(terms).sum()
+
+
+def _floating_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _floating_tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _floating_tensors(value)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _floating_tensors(getattr(obj, f.name))
+
+
+def run_pass(
+    model: torch.nn.Module,
+    batch: Batch,
+    loss_fn: LossFn | None,
+    precision: contextlib.AbstractContextManager[Any],
+    fmt: FloatFormat,
+    *,
+    backward: bool,
+) -> PassResult:
+    """One traced forward + loss (+ backward) of ``model`` on ``batch`` under ``precision``."""
+    from nan_hunter.trace.tracer import OpTracer
+
+    state = ModelState(model)
+    modules = ModuleTracker(model)
+    tracer = OpTracer(modules, fmt)
+    params = [p for p in model.parameters() if p.requires_grad]
+    backward_ran = False
+    try:
+        with modules, tracer, precision:
+            with _user_errors(modules, "forward"):
+                output = model(*batch.args, **batch.kwargs)
+            tracer.in_loss = True
+            if loss_fn is not None:
+                with _user_errors(modules, "loss_fn"):
+                    loss = loss_fn(output, batch.raw)
+            else:
+                with tracer.paused():
+                    loss = default_loss(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise UserCodeError(
+                f"loss_fn must return a scalar tensor, got {_describe(loss)}"
+            )
+        loss_stats = tensor_stats(loss.detach(), fmt)
+        if backward and params and loss.requires_grad:
+            with tracer.backward_hooks(), _user_errors(modules, "backward"):
+                torch.autograd.grad(loss, params, allow_unused=True)
+            backward_ran = True
+        return PassResult(
+            events=tuple(tracer.events),
+            grad_events=tuple(tracer.grad_events),
+            first_origin_call=tracer.first_origin_call,
+            loss=loss_stats,
+            backward_ran=backward_ran,
+        )
+    finally:
+        state.restore()
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+@contextlib.contextmanager
+def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
+    """Re-raise an exception from the user's code with its frame and the modules executed."""
+    try:
+        yield
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        frame = _last_user_frame(exc)
+        where = f" in module '{modules.current}'" if modules.current else ""
+        executed = ", ".join(repr(m) for m in modules.executed[-3:])
+        context = f"; executed modules up to {executed}" if executed else ""
+        modules.reset()
+        raise UserCodeError(
+            f"the model raised {type(exc).__name__} during {phase}{where}: "
+            f"{first_line(exc)}{context}",
+            user_frame=frame,
+        ) from exc
+
+
+def _last_user_frame(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost traceback frame in the user's own code."""
+    found = None
+    for summary in traceback.extract_tb(exc.__traceback__):
+        if frame_origin(summary.filename) == "user":
+            found = f"{summary.filename}:{summary.lineno}"
+    return found

@@ -1,0 +1,1 @@
+"""Op interception, module tracking, tensor statistics and events."""
