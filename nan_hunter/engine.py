@@ -171,6 +171,7 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
                 len(event.inputs),
                 producer_lines=plan.extra_lines,
                 device_type=device,
+                upcast_sites=plan.upcast_sites,
             )
             if patch is not None:
                 diff, file = patch.diff, event.location.file

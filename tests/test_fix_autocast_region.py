@@ -642,3 +642,30 @@ def test_bad_device_type_is_rejected(tmp_path: pathlib.Path) -> None:
     path = _write(tmp_path, "model.py", "import torch\n\n\ndef f(x):\n    return x.softmax(-1)\n")
     with pytest.raises(ValueError, match="device type"):
         build_autocast_region_patch(path, 5, "Tensor.softmax", 1, device_type='cuda"); x=("')
+
+
+def test_upcast_sites_inside_the_region_are_upcast_too(tmp_path: Path) -> None:
+    """An eps addition upstream of the culprit gets ``.float()`` operands as well."""
+    path = tmp_path / "norm.py"
+    path.write_text(
+        "import torch\n"
+        "\n"
+        "def forward(x, m):\n"
+        "    denom = m + 1e-8\n"
+        "    y = x / denom\n"
+        "    return y\n"
+    )
+    patch = build_autocast_region_patch(
+        path, 5, "Tensor.__truediv__", 2, producer_lines=[4], device_type="cuda",
+        upcast_sites=[(4, "Tensor.__add__", 1), (99, "Tensor.__add__", 1)],
+    )
+    assert patch is not None
+    assert patch.new_source == (
+        "import torch\n"
+        "\n"
+        "def forward(x, m):\n"
+        '    with torch.autocast(device_type="cuda", enabled=False):\n'
+        "        denom = m.float() + 1e-8\n"
+        "        y = x.float() / denom.float()\n"
+        "    return y\n"
+    )

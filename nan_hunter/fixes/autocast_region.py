@@ -134,6 +134,7 @@ def build_autocast_region_patch(
     producer_lines: Sequence[int] = (),
     device_type: str = "cuda",
     relative_to: pathlib.Path | None = None,
+    upcast_sites: Sequence[tuple[int, str, int]] = (),
 ) -> RegionPatch | None:
     """Plan an edit wrapping the culprit statement in ``torch.autocast(..., enabled=False)``.
 
@@ -142,7 +143,9 @@ def build_autocast_region_patch(
     ``n_tensor_operands`` positional operands (0 = unknown) get ``.float()`` appended. The region
     is extended backwards over the directly preceding statements of the same block up to the
     earliest one containing a line of ``producer_lines``; producer lines elsewhere are ignored.
-    Diff paths are relative to ``relative_to`` (default: ``path.parent``).
+    Diff paths are relative to ``relative_to`` (default: ``path.parent``). ``upcast_sites`` are
+    further ``(line, op_name, n_tensor_operands)`` ops inside the region whose operands are
+    upcast as well (an eps addition upstream of the culprit); sites outside it are ignored.
 
     Returns ``None`` when no safe edit can be made. Raises ``ValueError`` when ``path`` is not
     inside ``relative_to`` or ``device_type`` is not a plain device name, and ``OSError`` when the
@@ -163,6 +166,7 @@ def build_autocast_region_patch(
         max(n_tensor_operands, 0),
         producer_lines,
         device_type,
+        upcast_sites,
     )
     if patched is None:
         return None
@@ -181,6 +185,7 @@ def _patch_text(
     n_tensor_operands: int,
     producer_lines: Sequence[int],
     device_type: str,
+    upcast_sites: Sequence[tuple[int, str, int]] = (),
 ) -> tuple[str, int, int] | None:
     """The patched text and the region's original first and last line, or ``None``."""
     try:
@@ -204,6 +209,11 @@ def _patch_text(
     edits = _upcast_edits(source, tree, located.stmt, culprit_line, op_name, n_tensor_operands)
     if edits is None:
         return None
+    region = located.block[first_index : located.index + 1]
+    for site_line, site_op, site_n in upcast_sites:
+        stmt = next((s for s in region if _contains(s, site_line)), None)
+        extra = _upcast_edits(source, tree, stmt, site_line, site_op, site_n) if stmt else None
+        edits.extend(e for e in extra or () if e not in edits)
     lines = _split_lines(_apply_edits(text, edits))
     if len(lines) != len(source.lines):
         return None

@@ -21,3 +21,12 @@ def output_damage(c: Candidate) -> str:
     if nan:
         parts.append(f"{nan} NaN")
     return " and ".join(parts) if parts else "non-finite values"
+
+
+def upstream_site(c: Candidate) -> tuple[tuple[int, str, int], ...]:
+    """The upstream op as a ``(line, op, n_operands)`` site whose operands the fix upcasts."""
+    if c.upstream is None or c.upstream.event.location is None:
+        return ()
+    up = c.upstream.event
+    assert up.location is not None
+    return ((up.location.line, up.op, len(up.inputs)),)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nan_hunter.findings import Kind, Phase
-from nan_hunter.rules._messages import output_damage
+from nan_hunter.rules._messages import output_damage, upstream_site
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 from nan_hunter.trace.stats import format_number
 
@@ -71,4 +71,5 @@ eps statement and the culprit in an autocast-disabled region with `.float()` ope
             title="Compute the eps-guarded expression in FP32 (autocast disabled)",
             region=True,
             extra_lines=(where.line,) if same_file and where is not None else (),
+            upcast_sites=upstream_site(c) if same_file else (),
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nan_hunter.findings import Kind, Phase
-from nan_hunter.rules._messages import output_damage
+from nan_hunter.rules._messages import output_damage, upstream_site
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 
 
@@ -61,4 +61,5 @@ autocast-disabled region with `.float()` operands), or use a fused, stable form
             title="Compute the underflowing values and their consumer in FP32",
             region=True,
             extra_lines=(up.line,) if same_file and up is not None else (),
+            upcast_sites=upstream_site(c) if same_file else (),
         )

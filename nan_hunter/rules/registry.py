@@ -34,6 +34,8 @@ class FixPlan:
     title: str
     region: bool = False
     extra_lines: tuple[int, ...] = ()
+    upcast_sites: tuple[tuple[int, str, int], ...] = ()
+    """Further ``(line, op, n_operands)`` ops in the region whose operands need ``.float()``."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,42 @@
+"""Shared test helpers: fixture paths, culprit markers, golden files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+EXAMPLES = ROOT / "examples"
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite tests/golden/* from the current output instead of comparing",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden")) or bool(
+        os.environ.get("NAN_HUNTER_UPDATE_GOLDEN")
+    )
+
+
+def marker_line(path: Path, marker: str) -> int:
+    """1-based line whose code ends with ``marker`` (the culprit comment in fixture files)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    hits = [i for i, line in enumerate(lines, start=1) if line.rstrip().endswith(marker)]
+    assert len(hits) == 1, f"{path.name}: expected one line ending in {marker!r}, got {hits}"
+    return hits[0]
+
+
+@pytest.fixture(autouse=True)
+def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reports show paths relative to the working directory: pin it to the repo root."""
+    monkeypatch.chdir(ROOT)

@@ -1,0 +1,123 @@
+"""Exact findings for one fixture model per finding kind: code, kind, op, module, line, verdict."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nan_hunter.api import scan_file
+from nan_hunter.findings import Report, Severity
+from tests.conftest import FIXTURES, marker_line
+
+
+def _expected(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(f"_expect_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.EXPECTED
+
+
+OP_FIXTURES = sorted(
+    p for p in FIXTURES.glob("fx_*.py")
+    if isinstance(_expected(p), dict) and _expected(p)["kind"] != "bad_input"
+)
+
+
+def _scan(path: Path) -> Report:
+    return scan_file(str(path))
+
+
+@pytest.mark.parametrize("path", OP_FIXTURES, ids=lambda p: p.stem)
+def test_first_culprit_is_exact(path: Path) -> None:
+    expected = _expected(path)
+    report = _scan(path)
+    severity = expected.get("severity", "error")
+    first = next(f for f in report.findings if f.severity.value == severity)
+    assert first.code == expected["code"]
+    assert first.kind.value == expected["kind"]
+    assert first.op == expected["op"]
+    assert first.module == expected["module"]
+    assert first.phase.value == expected["phase"]
+    assert first.location is not None
+    assert Path(first.location.file) == path
+    assert first.location.line == marker_line(path, "# <- culprit")
+    if severity == "error":
+        assert first.origin is True
+        assert first.fp32_rerun is not None
+        assert first.fp32_rerun.finite is expected["fp32_finite"]
+    if "upstream_line_marker" in expected:
+        assert first.upstream is not None
+        assert first.upstream.location is not None
+        assert first.upstream.location.line == marker_line(path, expected["upstream_line_marker"])
+
+
+@pytest.mark.parametrize("path", OP_FIXTURES, ids=lambda p: p.stem)
+def test_only_the_expected_errors(path: Path) -> None:
+    """Propagation is counted, not listed: each fixture has exactly one error (or none)."""
+    expected = _expected(path)
+    report = _scan(path)
+    errors = [f for f in report.findings if f.severity is Severity.ERROR]
+    assert len(errors) == (0 if expected.get("severity") == "warning" else 1), [
+        (f.code, f.op, f.location) for f in errors
+    ]
+
+
+def test_bad_input_names_tensor_and_indices() -> None:
+    report = _scan(FIXTURES / "fx_bad_input.py")
+    assert report.ops == 0  # nothing ran: no op is blamed
+    (finding,) = report.findings
+    assert (finding.code, finding.kind.value, finding.location) == ("NH001", "bad_input", None)
+    assert "args[0]" in finding.message
+    assert "1 NaN and 1 inf" in finding.message
+    assert "[0, 0], [1, 3]" in finding.message
+
+
+def test_clean_fixture_is_clean() -> None:
+    report = _scan(FIXTURES / "fx_clean.py")
+    assert report.status == "clean"
+    assert report.findings == ()
+    assert report.ops > 0 and report.backward_nodes > 0
+    assert report.exit_code() == 0
+
+
+def test_matrix_inverse_verdict_and_reach() -> None:
+    """The FP32 reference says how far the culprit's output goes and that it is finite."""
+    report = _scan(FIXTURES / "fx_cast_overflow.py")
+    first = report.findings[0]
+    assert first.fp32_rerun is not None
+    assert first.fp32_rerun.own_inputs_finite is True
+    assert first.fp32_rerun.abs_max is not None and 100 < first.fp32_rerun.abs_max < 65504
+    assert first.inputs[0].dtype == "float32" and first.inputs[0].abs_max is not None
+    assert first.inputs[0].abs_max > 65504
+    assert first.outputs[0].dtype == "float16" and first.outputs[0].nan > 0
+
+
+def test_eps_culprit_is_blamed_upstream() -> None:
+    """0/0 in FP32 on its own FP16 inputs: the cause is the eps that vanished upstream."""
+    report = _scan(FIXTURES / "fx_eps_underflow.py")
+    first = report.findings[0]
+    assert first.fp32_rerun is not None
+    assert first.fp32_rerun.finite is True
+    assert first.fp32_rerun.own_inputs_finite is False
+    assert first.upstream is not None and first.upstream.reason == "eps"
+    assert first.upstream.op == "Tensor.__add__"
+    assert "1.00e-08" in first.message
+
+
+def test_real_bug_gets_no_autocast_patch() -> None:
+    report = _scan(FIXTURES / "fx_real_nan.py")
+    first = report.findings[0]
+    assert first.fix is not None and first.fix.diff is None
+    assert first.fix.applicability.value == "display-only"
+    assert "not a precision problem" in first.message
+
+
+def test_same_scan_twice_gives_same_findings() -> None:
+    a = _scan(FIXTURES / "fx_eps_underflow.py")
+    b = _scan(FIXTURES / "fx_eps_underflow.py")
+    assert a.findings == b.findings
+    assert (a.ops, a.backward_nodes, a.propagated) == (b.ops, b.backward_nodes, b.propagated)

@@ -1,0 +1,75 @@
+"""Each suggested patch applies with git apply and patch -p1, compiles, and re-scans clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nan_hunter.api import scan_file
+from nan_hunter.findings import Severity
+from tests.conftest import EXAMPLES, FIXTURES
+
+PATCHED = [
+    EXAMPLES / "matrix_inverse.py",
+    EXAMPLES / "attention_unscaled.py",
+    FIXTURES / "fx_cast_overflow.py",
+    FIXTURES / "fx_matmul_overflow.py",
+    FIXTURES / "fx_linear_overflow.py",
+    FIXTURES / "fx_mul_overflow.py",
+    FIXTURES / "fx_eps_underflow.py",
+]
+
+
+def _first_diff(path: Path) -> str:
+    report = scan_file(str(path))
+    first = report.findings[0]
+    assert first.fix is not None and first.fix.diff is not None, first
+    assert first.fix.applicability.value == "safe"
+    return first.fix.diff
+
+
+@pytest.mark.parametrize("path", PATCHED, ids=lambda p: p.stem)
+def test_patch_applies_compiles_and_rescans_clean(path: Path, tmp_path: Path) -> None:
+    diff = _first_diff(path)
+    work = tmp_path / "git"
+    work.mkdir()
+    shutil.copy(path, work / path.name)
+    (work / "fix.patch").write_text(diff)
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    subprocess.run(["git", "apply", "fix.patch"], cwd=work, check=True)
+    patched = work / path.name
+    compile(patched.read_text(), str(patched), "exec")
+
+    if shutil.which("patch"):
+        other = tmp_path / "patch"
+        other.mkdir()
+        shutil.copy(path, other / path.name)
+        subprocess.run(
+            ["patch", "-p1", "-s", "-i", str(work / "fix.patch")], cwd=other, check=True
+        )
+        assert (other / path.name).read_text() == patched.read_text()
+
+    rescan = scan_file(str(patched))
+    errors = [(f.code, f.op, f.location) for f in rescan.findings if f.severity is Severity.ERROR]
+    if path.parent == EXAMPLES:
+        assert errors == []
+    else:
+        # The forward origin is gone; fx_eps_underflow keeps a true backward overflow: the
+        # gradient of x / 1e-8 reaches 1.6e6 in FP32 and cannot fit FP16 (see its NH401).
+        assert [e for e in errors if e[0] != "NH401"] == []
+    assert "with torch.autocast(" in patched.read_text()
+
+
+def test_eps_fix_leaves_the_true_gradient_overflow_reported(tmp_path: Path) -> None:
+    path = FIXTURES / "fx_eps_underflow.py"
+    patched = tmp_path / path.name
+    shutil.copy(path, patched)
+    (tmp_path / "fix.patch").write_text(_first_diff(path))
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "apply", "fix.patch"], cwd=tmp_path, check=True)
+    (finding,) = [f for f in scan_file(str(patched)).findings if f.severity is Severity.ERROR]
+    assert (finding.code, finding.phase.value) == ("NH401", "backward")
+    assert finding.fp32_rerun is not None and finding.fp32_rerun.finite is True
