@@ -644,7 +644,7 @@ def test_bad_device_type_is_rejected(tmp_path: pathlib.Path) -> None:
         build_autocast_region_patch(path, 5, "Tensor.softmax", 1, device_type='cuda"); x=("')
 
 
-def test_upcast_sites_inside_the_region_are_upcast_too(tmp_path: Path) -> None:
+def test_upcast_sites_inside_the_region_are_upcast_too(tmp_path: pathlib.Path) -> None:
     """An eps addition upstream of the culprit gets ``.float()`` operands as well."""
     path = tmp_path / "norm.py"
     path.write_text(
