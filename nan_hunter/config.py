@@ -7,6 +7,7 @@ YAML is read with ``safe_load``; an unknown key or a value of the wrong type or 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from nan_hunter.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
+_SHARES = frozenset({"underflow_share"})
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("float16", "bfloat16"),
     "device": ("auto", "cpu", "cuda"),
@@ -75,8 +77,12 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
     if isinstance(default, (int, float)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{origin}: '{key}' must be a number, got {value!r}")
-        if value < 0:
-            raise ConfigError(f"{origin}: '{key}' must not be negative, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{origin}: '{key}' must be a finite number >= 0, got {value!r}")
+        if isinstance(default, int) and value != int(value):
+            raise ConfigError(f"{origin}: '{key}' must be a whole number, got {value!r}")
+        if key in _SHARES and value > 1:
+            raise ConfigError(f"{origin}: '{key}' is a share between 0 and 1, got {value!r}")
         return type(default)(value)
     if not isinstance(value, str):
         raise ConfigError(f"{origin}: '{key}' must be a string, got {value!r}")

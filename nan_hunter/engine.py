@@ -214,9 +214,7 @@ def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Fin
         if not event.inputs_finite or not event.outputs_finite:
             continue
         code = None
-        if not event.in_loss and event.index not in cast_producers and any(
-            s.dtype == "float32" and s.exceeds(fmt.max) for s in event.outputs
-        ):
+        if _out_of_range_at_risk(event, fmt) and event.index not in cast_producers:
             code = "NH501"
         elif _underflows(event, fmt, settings):
             code = "NH502"
@@ -249,6 +247,19 @@ def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Fin
             )
         )
     return found
+
+
+def _out_of_range_at_risk(event: OpEvent, fmt: FloatFormat) -> bool:
+    """An FP32 result beyond ``fmt``'s range, made by this op (not passed through from an
+    input), where autocast is on and could cast it down. Loss ops and FP32 regions the user
+    opened with ``autocast(enabled=False)`` are not at risk."""
+    if event.in_loss or not event.autocast:
+        return False
+    largest_in = max((s.abs_max or 0.0 for s in event.inputs), default=0.0)
+    return any(
+        s.dtype == "float32" and s.exceeds(fmt.max) and (s.abs_max or 0.0) > largest_in
+        for s in event.outputs
+    )
 
 
 def _underflows(event: OpEvent, fmt: FloatFormat, settings: Settings) -> bool:

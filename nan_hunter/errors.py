@@ -5,6 +5,10 @@ Library code raises these; only the CLI turns them into a one-line message and e
 
 from __future__ import annotations
 
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
 
 class NanHunterError(Exception):
     """Base class: an expected failure with a message fit for a user."""
@@ -32,5 +36,5 @@ class UserCodeError(NanHunterError):
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (torch's messages run to many lines)."""
-    text = str(exc).strip()
+    text = _ANSI.sub("", str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__

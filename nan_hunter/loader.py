@@ -23,6 +23,7 @@ import torch
 
 from nan_hunter.errors import LoadError, UserCodeError, first_line
 from nan_hunter.runner import Batch, LossFn
+from nan_hunter.trace.source import frame_origin
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def load_target(
     names = names or Names()
     module = import_user_module(spec)
     file = Path(module.__file__ or spec).resolve()
-    build = _function(module, names.model_fn, required=True)
+    build = _function(module, names.model_fn, "--model-fn", required=True)
     assert build is not None
     model = _call_user(build, names.model_fn)
     if not isinstance(model, torch.nn.Module):
@@ -67,11 +68,11 @@ def load_target(
     if batch_file is not None:
         raw = load_tensors(batch_file, what="batch")
     else:
-        make_batch = _function(module, names.batch_fn, required=True)
+        make_batch = _function(module, names.batch_fn, "--batch-fn", required=True)
         assert make_batch is not None
         raw = _call_user(make_batch, names.batch_fn)
     batch = as_batch(raw, source=f"{names.batch_fn}()" if batch_file is None else str(batch_file))
-    loss = _function(module, names.loss_fn, required=False)
+    loss = _function(module, names.loss_fn, "--loss-fn", required=False)
     return Target(model=model, batch=batch, loss_fn=loss, file=file, module_name=module.__name__)
 
 
@@ -124,7 +125,10 @@ def import_user_module(spec: str) -> ModuleType:
         try:
             return _run_user(lambda: importlib.import_module(spec), f"importing {spec}")
         except UserCodeError as exc:
-            if isinstance(exc.__cause__, ModuleNotFoundError) and exc.__cause__.name == spec:
+            missing = exc.__cause__
+            if isinstance(missing, ModuleNotFoundError) and missing.name and (
+                spec == missing.name or spec.startswith(missing.name + ".")
+            ):
                 raise LoadError(f"model file or module not found: {spec}") from None
             raise
 
@@ -138,23 +142,25 @@ def _run_user(action: Callable[[], Any], what: str) -> Any:
         ) from exc
     except Exception as exc:
         frames = traceback.extract_tb(exc.__traceback__)
-        user = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
+        user = next((f for f in reversed(frames) if frame_origin(f.filename) == "user"), None)
         where = f"{user.filename}:{user.lineno}" if user else None
         raise UserCodeError(
             f"{type(exc).__name__} while {what}: {first_line(exc)}", user_frame=where
         ) from exc
 
 
-def _function(module: ModuleType, name: str, *, required: bool) -> Any:
+def _function(module: ModuleType, name: str, flag: str, *, required: bool) -> Any:
+    """``module.name``, checked to be callable; ``flag`` is the option that renames it."""
+    where = Path(module.__file__).name if module.__file__ else module.__name__
     value = getattr(module, name, None)
     if value is None:
         if required:
-            raise LoadError(f"{Path(module.__file__ or '').name or module.__name__} defines no "
-                            f"{name}(); define it or name another function with --"
-                            f"{'model' if 'model' in name else 'batch'}-fn")
+            raise LoadError(
+                f"{where} defines no {name}(); define it or name another function with {flag}"
+            )
         return None
     if not callable(value):
-        raise LoadError(f"{name} in {module.__name__} is a {type(value).__name__}, not a function")
+        raise LoadError(f"{name} in {where} is a {type(value).__name__}, not a function")
     return value
 
 

@@ -24,7 +24,7 @@ def render_text(report: Report, *, color: bool = False, width: int = 100) -> str
         no_color=not color,
         highlight=False,
         emoji=False,
-        soft_wrap=False,
+        soft_wrap=True,
     )
     t = report.target
     console.print(

@@ -30,6 +30,8 @@ class OpEvent:
     """(op, file, line, occurrence): identifies the same call in another run of the model."""
     in_loss: bool = False
     """The op ran in ``loss_fn`` rather than in the model's forward."""
+    autocast: bool = True
+    """Autocast was enabled where the op ran (False inside ``autocast(enabled=False)``)."""
 
     @property
     def inputs_finite(self) -> bool:

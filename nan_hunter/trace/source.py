@@ -145,7 +145,7 @@ def op_display_name(func: Callable[..., object]) -> str:
 def call_site_name(func: Callable[..., object], direct_caller: FrameType | None) -> str:
     """The op name as the user wrote it: an operator's dunder when the call site is an operator."""
     name = op_display_name(func)
-    if direct_caller is not None and name.startswith("Tensor."):
+    if direct_caller is not None and name.startswith("Tensor.") and not name.endswith("__"):
         dunder = operator_name(direct_caller)
         if dunder is not None and name != f"Tensor.{dunder}":
             return f"Tensor.{dunder}"

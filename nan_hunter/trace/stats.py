@@ -63,7 +63,7 @@ class TensorStats:
             parts.append("empty")
         elif self.min is not None and self.max is not None:
             parts.append(f"x∈[{format_number(self.min)}, {format_number(self.max)}]")
-        else:
+        elif self.is_floating:
             parts.append("no finite values")
         if self.posinf:
             parts.append(f"+inf×{self.posinf}")
@@ -94,7 +94,7 @@ def format_number(value: float) -> str:
     if value == 0:
         return "0"
     magnitude = abs(value)
-    if 1e-3 <= magnitude < 1e4:
+    if 1e-3 <= magnitude < 9999.5:  # .4g would round 9999.7 up to its own "1e+04"
         return f"{value:.4g}"
     return f"{value:.2e}"
 
@@ -110,6 +110,8 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16) -> TensorStats:
     if numel == 0 or not t.is_floating_point():
         return TensorStats(shape=shape, dtype=name, numel=numel)
     data = t.detach()
+    if data.element_size() == 1:  # float8: no isfinite/aminmax kernels; FP32 holds it exactly
+        data = data.float()
     finite_mask = torch.isfinite(data)
     n_finite = int(finite_mask.sum())
     if n_finite == numel:

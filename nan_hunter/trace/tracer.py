@@ -38,6 +38,9 @@ _VIEW_OPS = frozenset(
 )  # fmt: skip
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+
+
 def _base_name(func: Callable[..., Any]) -> str:
     name = getattr(func, "__name__", "")
     if name == "__get__":  # a property such as Tensor.T
@@ -136,6 +139,7 @@ class OpTracer(TorchFunctionMode):
             scalars=tuple(float(x) for x in leaves if type(x) is float),
             key=(*site, self._occurrences[site]),
             in_loss=self.in_loss,
+            autocast=any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
         )
         self.events.append(event)
         if self.first_origin_call is None and event.inputs_finite and not event.outputs_finite:
