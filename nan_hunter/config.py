@@ -52,10 +52,12 @@ class Settings:
         return selected and not ignored
 
     def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
         import torch
 
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for, but CUDA is not available here")
+        if self.device != "auto":
+            return self.device
         return "cuda" if torch.cuda.is_available() else "cpu"
 
 

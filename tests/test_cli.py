@@ -173,3 +173,13 @@ def test_rules_and_explain() -> None:
         assert section in out
     code, _, err = invoke("explain", "NH999")
     assert code == 2 and "unknown rule code 'NH999'" in err
+
+
+def test_cuda_device_without_cuda_is_a_clear_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, _, err = invoke("scan", str(EXAMPLES / "clean_mlp.py"), "--device", "cuda")
+    assert code == 2
+    assert "CUDA is not available" in err
