@@ -23,13 +23,21 @@ from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 
 @dataclass(frozen=True)
 class Analysis:
+    failures: tuple[Candidate, ...]
+    """Ops that fail the way CUDA fails (banned under autocast, no FP16 kernel)."""
     forward: tuple[Candidate, ...]
     backward: tuple[Candidate, ...]
     propagated: int
 
 
 def forward_origins(result: PassResult) -> list[OpEvent]:
-    return [e for e in result.events if e.inputs_finite and not e.outputs_finite]
+    return [
+        e for e in result.events if e.failure is None and e.inputs_finite and not e.outputs_finite
+    ]
+
+
+def failures(result: PassResult) -> list[OpEvent]:
+    return [e for e in result.events if e.failure is not None]
 
 
 def backward_origins(result: PassResult) -> list[GradEvent]:
@@ -180,5 +188,9 @@ def analyse(
             )
         )
 
+    failed = tuple(
+        Candidate(phase=Phase.FORWARD, event=e, fmt=fmt, reference=ref_events.get(e.key))
+        for e in failures(low)
+    )
     propagated = sum(1 for e in low.events if not e.inputs_finite and not e.outputs_finite)
-    return Analysis(tuple(forward), tuple(backward), propagated)
+    return Analysis(failed, tuple(forward), tuple(backward), propagated)

@@ -23,8 +23,9 @@ _SHARES = frozenset({"underflow_share"})
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("float16", "bfloat16"),
     "device": ("auto", "cpu", "cuda"),
-    "mode": ("autocast",),
-    "policy": ("native",),
+    "mode": ("autocast", "half"),
+    "policy": ("cuda", "cpu", "native"),
+    "numerics": ("emulated", "real"),
     "fail_on": ("error", "warning"),
 }
 
@@ -34,7 +35,8 @@ class Settings:
     dtype: str = "float16"
     device: str = "auto"
     mode: str = "autocast"
-    policy: str = "native"
+    policy: str = "cuda"
+    numerics: str = "emulated"
     backward: bool = True
     underflow_share: float = 0.25
     underflow_min_count: int = 16

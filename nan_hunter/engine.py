@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from nan_hunter.analysis import analyse, backward_origins, cast_inputs, forward_origins
+from nan_hunter.analysis import analyse, backward_origins, cast_inputs, failures, forward_origins
 from nan_hunter.config import Settings
 from nan_hunter.findings import (
     Applicability,
@@ -24,7 +24,7 @@ from nan_hunter.findings import (
 )
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.loader import Target
-from nan_hunter.precision.context import autocast_context, fp32_context
+from nan_hunter.precision.context import PrecisionPlan, fp32_context
 from nan_hunter.precision.formats import FloatFormat, format_for
 from nan_hunter.rules.nh001_bad_input import BadInput
 from nan_hunter.rules.nh502_underflow_share import subnormal_share
@@ -52,11 +52,25 @@ def scan_target(target: Target, settings: Settings) -> Report:
     if bad:
         return Report(info, tuple(bad), 0, 0, 0, time.perf_counter() - started)
 
+    plan = PrecisionPlan(
+        mode=settings.mode,
+        policy=settings.policy,
+        device=device,
+        fmt=fmt,
+        emulate=device == "cpu" and fmt.dtype == torch.float16 and settings.numerics == "emulated",
+    )
     low = run_pass(
-        model, batch, target.loss_fn, autocast_context(device, fmt), fmt, backward=settings.backward
+        model,
+        batch,
+        target.loss_fn,
+        plan.low_precision(),
+        fmt,
+        backward=settings.backward,
+        numerics=plan.numerics(),
+        half=settings.mode == "half",
     )
     ref: PassResult | None = None
-    if forward_origins(low) or backward_origins(low):
+    if forward_origins(low) or backward_origins(low) or failures(low):
         ref = run_pass(
             model,
             batch,
@@ -67,8 +81,8 @@ def scan_target(target: Target, settings: Settings) -> Report:
         )
     analysis = analyse(low, ref, fmt, upstream_depth=settings.upstream_depth)
     errors = [
-        _finding(c, settings, device)
-        for c in (*analysis.forward, *analysis.backward)
+        _finding(c, settings, plan.patch_device)
+        for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
     warnings = _warnings(low, fmt, settings)

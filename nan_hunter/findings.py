@@ -21,6 +21,7 @@ class Kind(str, enum.Enum):
     UNDERFLOW = "underflow"
     BAD_INPUT = "bad_input"
     BANNED_OP = "banned_op"
+    UNSUPPORTED_DTYPE = "unsupported_dtype"
     OUT_OF_RANGE = "out_of_range"
 
 

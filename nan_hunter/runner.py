@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from nan_hunter.errors import UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
@@ -63,6 +64,8 @@ class ModelState:
             for live, saved in self._tensors:
                 if live.shape == saved.shape and live.dtype == saved.dtype:
                     live.copy_(saved)
+                else:  # converted for a half-precision pass: put the original data back
+                    live.data = saved
         for p, grad in self._grads:
             p.grad = grad
         for p, flag in self._requires_grad:
@@ -105,8 +108,14 @@ def run_pass(
     fmt: FloatFormat,
     *,
     backward: bool,
+    numerics: contextlib.AbstractContextManager[Any] | None = None,
+    half: bool = False,
 ) -> PassResult:
-    """One traced forward + loss (+ backward) of ``model`` on ``batch`` under ``precision``."""
+    """One traced forward + loss (+ backward) of ``model`` on ``batch``.
+
+    ``precision`` wraps forward and loss (autocast and its policy), ``numerics`` wraps forward
+    and backward (the FP16 emulation); ``half`` runs model and batch in ``fmt``'s dtype.
+    """
     from nan_hunter.trace.tracer import OpTracer
 
     state = ModelState(model)
@@ -115,25 +124,27 @@ def run_pass(
     params = [p for p in model.parameters() if p.requires_grad]
     backward_ran = False
     try:
-        with modules, tracer, precision:
-            with _user_errors(modules, "forward"):
-                output = model(*batch.args, **batch.kwargs)
-            tracer.in_loss = True
-            if loss_fn is not None:
-                with _user_errors(modules, "loss_fn"):
-                    loss = loss_fn(output, batch.raw)
-            else:
-                with tracer.paused():
-                    loss = default_loss(output)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise UserCodeError(
-                f"loss_fn must return a scalar tensor, got {_describe(loss)}"
-            )
-        loss_stats = tensor_stats(loss.detach(), fmt)
-        if backward and params and loss.requires_grad:
-            with tracer.backward_hooks(), _user_errors(modules, "backward"):
-                torch.autograd.grad(loss, params, allow_unused=True)
-            backward_ran = True
+        if half:
+            _to_dtype(model, fmt.dtype)
+            batch = _batch_to(batch, fmt.dtype)
+        with modules, numerics or contextlib.nullcontext():
+            with tracer, precision:
+                with _user_errors(modules, "forward"):
+                    output = model(*batch.args, **batch.kwargs)
+                tracer.in_loss = True
+                if loss_fn is not None:
+                    with _user_errors(modules, "loss_fn"):
+                        loss = loss_fn(output, batch.raw)
+                else:
+                    with tracer.paused():
+                        loss = default_loss(output)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise UserCodeError(f"loss_fn must return a scalar tensor, got {_describe(loss)}")
+            loss_stats = tensor_stats(loss.detach(), fmt)
+            if backward and params and loss.requires_grad:
+                with tracer.backward_hooks(), _user_errors(modules, "backward"):
+                    torch.autograd.grad(loss, params, allow_unused=True)
+                backward_ran = True
         return PassResult(
             events=tuple(tracer.events),
             grad_events=tuple(tracer.grad_events),
@@ -143,6 +154,26 @@ def run_pass(
         )
     finally:
         state.restore()
+
+
+def _to_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Floating parameters and buffers to ``dtype`` in place (``ModelState`` restores them)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point():
+                t.data = t.data.to(dtype)
+
+
+def _batch_to(batch: Batch, dtype: torch.dtype) -> Batch:
+    def cast(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.to(dtype)
+        return x
+
+    return Batch(
+        args=tree_map(cast, batch.args), kwargs=tree_map(cast, batch.kwargs),
+        raw=tree_map(cast, batch.raw),
+    )
 
 
 def _describe(value: Any) -> str:

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from nan_hunter.config import DEFAULT_CONFIG, Settings, load_settings
@@ -161,7 +162,7 @@ def test_sources_is_not_a_settable_key(tmp_path: Path) -> None:
         ("dtype: float8\n", "'dtype' must be one of float16, bfloat16, got 'float8'"),
         ("dtype: 16\n", "'dtype' must be a string, got 16"),
         ("device: tpu\n", "'device' must be one of auto, cpu, cuda, got 'tpu'"),
-        ("mode: eager\n", "'mode' must be one of autocast, got 'eager'"),
+        ("mode: eager\n", "'mode' must be one of autocast, half, got 'eager'"),
         ("fail_on: info\n", "'fail_on' must be one of error, warning, got 'info'"),
         ('backward: "yes"\n', "'backward' must be true or false, got 'yes'"),
         ("backward: 1\n", "'backward' must be true or false, got 1"),
@@ -270,4 +271,8 @@ def test_empty_select_enables_nothing() -> None:
 
 def test_resolved_device_explicit() -> None:
     assert Settings(device="cpu").resolved_device() == "cpu"
-    assert Settings(device="cuda").resolved_device() == "cuda"
+    if torch.cuda.is_available():
+        assert Settings(device="cuda").resolved_device() == "cuda"
+    else:
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            Settings(device="cuda").resolved_device()

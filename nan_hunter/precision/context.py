@@ -1,20 +1,71 @@
-"""The precision a pass runs under: autocast for the scan, plain FP32 for the reference."""
+"""The precision a pass runs under, composed from the scan's settings.
+
+- autocast, policy cuda: on a CPU, CPU autocast with CUDA's op lists and "cuda" aliased to the
+  CPU; on a GPU, native autocast.
+- autocast, policy cpu: on a CPU, CPU autocast; on a GPU, CUDA autocast with CPU's op lists.
+- autocast, policy native: whatever ``torch.autocast`` does on the device.
+- half: model and batch in FP16, no autocast.
+
+On a CPU, FP16 arithmetic is emulated (FP32 kernels, results rounded to FP16) unless
+``numerics: real`` asks for the real, ~100x slower, FP16 kernels.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
+from nan_hunter.precision.device_alias import DeviceAlias
+from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.override import PolicyOverride
+from nan_hunter.precision.policy import load_policy
 
 
-def autocast_context(device: str, fmt: FloatFormat) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast`` on ``device`` with the scan's low-precision dtype (native policy)."""
-    return torch.autocast(device_type=device, dtype=fmt.dtype)
+@dataclass(frozen=True)
+class PrecisionPlan:
+    mode: str
+    """``autocast`` or ``half``."""
+    policy: str
+    """``cuda``, ``cpu`` or ``native``."""
+    device: str
+    """Where the scan runs: ``cpu`` or ``cuda``."""
+    fmt: FloatFormat
+    emulate: bool
+    """Emulate low-precision arithmetic with FP32 kernels (CPU and FP16 only)."""
+
+    @property
+    def patch_device(self) -> str:
+        """The ``device_type`` a fix should name: where the user's run happens."""
+        return self.policy if self.policy in ("cuda", "cpu") else self.device
+
+    @contextlib.contextmanager
+    def low_precision(self) -> Iterator[None]:
+        """Context for the forward and loss of the low-precision pass (not the backward)."""
+        with contextlib.ExitStack() as stack:
+            if self.mode == "autocast":
+                if self.policy != "native" and self.policy != self.device:
+                    stack.enter_context(
+                        PolicyOverride(load_policy(self.policy), self.device, self.fmt.dtype)
+                    )
+                    if self.device == "cpu":
+                        stack.enter_context(DeviceAlias("cuda", "cpu"))
+                stack.enter_context(torch.autocast(device_type=self.device, dtype=self.fmt.dtype))
+            yield
+
+    @contextlib.contextmanager
+    def numerics(self) -> Iterator[None]:
+        """Context for forward and backward: the FP16 emulation when it applies."""
+        if self.emulate:
+            with LowPrecisionEmulation(self.fmt.dtype):
+                yield
+        else:
+            yield
 
 
-def fp32_context(device: str) -> contextlib.AbstractContextManager[Any]:
+def fp32_context(device: str) -> contextlib.AbstractContextManager[object]:
     """The FP32 reference: autocast explicitly off, so no ambient autocast leaks in."""
     return torch.autocast(device_type=device, enabled=False)

@@ -9,6 +9,8 @@ from nan_hunter.rules import (  # noqa: F401
     nh201_eps_underflow,
     nh202_flush_to_zero,
     nh301_fp32_too,
+    nh302_banned_op,
+    nh303_low_precision_linalg,
     nh401_backward_overflow,
     nh501_fp32_out_of_range,
     nh502_underflow_share,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nan_hunter.findings import SourceLocation
+from nan_hunter.precision.failures import PolicyFailure
 from nan_hunter.trace.stats import TensorStats
 
 
@@ -32,6 +33,9 @@ class OpEvent:
     """The op ran in ``loss_fn`` rather than in the model's forward."""
     autocast: bool = True
     """Autocast was enabled where the op ran (False inside ``autocast(enabled=False)``)."""
+    failure: PolicyFailure | None = None
+    """The op failed the way CUDA fails (banned under autocast, FP16 linear algebra); the scan
+    went on with the op run in FP32."""
 
     @property
     def inputs_finite(self) -> bool:

@@ -9,6 +9,7 @@ hooks on the autograd nodes of the traced outputs, which ties each gradient to i
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,10 +18,12 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
+from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
@@ -94,7 +97,15 @@ class OpTracer(TorchFunctionMode):
             return out
         in_stats = tuple(self.stats_of(t) for t in in_tensors)
         producers = tuple(self._producer.get(t) for t in in_tensors)
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+            failure = None
+        except RuntimeError as exc:
+            failure = policy_failure(exc)
+            if failure is None:
+                raise
+            # CUDA would stop here; report it and carry on in FP32 so the scan goes on.
+            out = _run_in_fp32(func, args, kwargs)
         out_tensors = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         if _is_inplace(name, kwargs) and in_tensors:
             self._stats.pop(in_tensors[0], None)
@@ -102,7 +113,7 @@ class OpTracer(TorchFunctionMode):
                 out_tensors = [in_tensors[0]]
         if not out_tensors:
             return out
-        self._record(func, args, kwargs, leaves, in_stats, producers, out_tensors)
+        self._record(func, args, kwargs, leaves, in_stats, producers, out_tensors, failure)
         return out
 
     def _record(
@@ -114,6 +125,7 @@ class OpTracer(TorchFunctionMode):
         in_stats: tuple[TensorStats, ...],
         producers: tuple[int | None, ...],
         out_tensors: list[torch.Tensor],
+        failure: PolicyFailure | None = None,
     ) -> None:
         frame, in_user_code = user_frame(sys._getframe(2))
         location = location_of(frame) if frame is not None else None
@@ -121,7 +133,7 @@ class OpTracer(TorchFunctionMode):
         index = len(self.events)
         out_stats = []
         for t in out_tensors:
-            stats = tensor_stats(t, self._fmt)
+            stats = self._summarise(t)
             self._stats[t] = stats
             self._producer[t] = index
             out_stats.append(stats)
@@ -140,6 +152,7 @@ class OpTracer(TorchFunctionMode):
             key=(*site, self._occurrences[site]),
             in_loss=self.in_loss,
             autocast=any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
+            failure=failure,
         )
         self.events.append(event)
         if self.first_origin_call is None and event.inputs_finite and not event.outputs_finite:
@@ -149,9 +162,14 @@ class OpTracer(TorchFunctionMode):
     def stats_of(self, t: torch.Tensor) -> TensorStats:
         stats = self._stats.get(t)
         if stats is None:
-            stats = tensor_stats(t, self._fmt)
+            stats = self._summarise(t)
             self._stats[t] = stats
         return stats
+
+    def _summarise(self, t: torch.Tensor) -> TensorStats:
+        # Our own reductions bypass dispatch modes (the FP16 emulation): nothing to emulate.
+        with _disable_current_modes():
+            return tensor_stats(t, self._fmt)
 
     def _inherit_producer(self, out: Any, in_tensors: list[torch.Tensor]) -> None:
         if not in_tensors:
@@ -183,8 +201,8 @@ class OpTracer(TorchFunctionMode):
         return _BackwardHooks(self)
 
     def _on_node(self, forward_index: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        incoming = tuple(tensor_stats(g, self._fmt) for g in grad_outputs if g is not None)
-        produced = tuple(tensor_stats(g, self._fmt) for g in grad_inputs if g is not None)
+        incoming = tuple(self._summarise(g) for g in grad_outputs if g is not None)
+        produced = tuple(self._summarise(g) for g in grad_inputs if g is not None)
         self.grad_events.append(
             GradEvent(len(self.grad_events), forward_index, incoming, produced)
         )
@@ -214,6 +232,18 @@ class _BackwardHooks:
             handle.remove()
         self._handles = []
         self._tracer._nodes.clear()
+
+
+def _run_in_fp32(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def up(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+            return x.float()
+        return x
+
+    with contextlib.ExitStack() as stack:
+        for device in _AUTOCAST_DEVICES:
+            stack.enter_context(torch.autocast(device_type=device, enabled=False))
+        return func(*tree_map(up, args), **tree_map(up, kwargs))
 
 
 def _detached_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

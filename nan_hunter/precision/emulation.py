@@ -1,0 +1,161 @@
+"""Fast FP16 numerics on a CPU: compute in FP32 on FP16 values, round results to FP16.
+
+Real CUDA FP16 GEMMs accumulate in FP32 and round their output once, and elementwise FP16 kernels
+compute in FP32 ("opmath") and round; so "FP32 on FP16-rounded inputs, output rounded to FP16"
+reproduces them up to last-ulp differences, while CPU FP16 kernels without FP16 units are about
+100x slower than FP32. ``LowPrecisionEmulation`` is a ``TorchDispatchMode`` (below autograd and
+autocast, so both keep their semantics and every tensor keeps its logical dtype): for each aten op
+whose floating inputs are all FP16 it upcasts them, runs the op in FP32 and rounds the floating
+outputs back to FP16, in forward and backward alike.
+
+Left to the real kernels: ops that mutate or alias their inputs (in-place, views), random ops
+(their streams depend on the dtype), ops with an explicit ``dtype=``, and data movement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+aten = torch.ops.aten
+
+# Data movement and constructors: exact in FP16 already, no arithmetic to emulate.
+_NATIVE = frozenset(
+    {
+        aten._to_copy.default, aten.clone.default, aten.copy_.default, aten.cat.default,
+        aten.stack.default, aten.index.Tensor, aten.index_select.default, aten.gather.default,
+        aten.embedding.default, aten.where.self, aten.masked_fill.Scalar,
+        aten.masked_fill.Tensor, aten.zeros_like.default, aten.ones_like.default,
+        aten.empty_like.default, aten.full_like.default, aten.constant_pad_nd.default,
+        aten.slice_backward.default, aten.select_backward.default,
+        aten.embedding_dense_backward.default, aten.lift_fresh.default,
+        aten._local_scalar_dense.default, aten.repeat.default,
+    }
+)  # fmt: skip
+
+
+class LowPrecisionEmulation(TorchDispatchMode):
+    """Emulate ``low``-dtype (FP16) arithmetic with FP32 kernels and rounding."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Not wrapped in torch._dynamo.disable: that wrapper imports dynamo (~3 s) on first use,
+        # and nan-hunter scans eager modules only.
+        return False
+
+    def __init__(self, low: torch.dtype = torch.float16) -> None:
+        super().__init__()
+        self.low = low
+        self.emulated = 0
+        """How many op calls were emulated (for tests and benchmarks)."""
+        self._decisions: dict[torch._ops.OpOverload, bool] = {}
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if not self._eligible_op(func) or not self._all_low(args, kwargs):
+            return func(*args, **kwargs)
+        low = self.low
+        # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=...)``):
+        # emulate only when it names the low dtype itself, computing in FP32 instead.
+        new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
+        if not ok:
+            return func(*args, **kwargs)
+        args, kwargs = new_args, new_kwargs
+        self.emulated += 1
+
+        def up(x: Any) -> Any:
+            return x.float() if isinstance(x, torch.Tensor) and x.dtype == low else x
+
+        out = func(*tree_map(up, args), **tree_map(up, kwargs))
+        keep = _fp32_outputs(func, args)
+        if isinstance(out, torch.Tensor):
+            return out if 0 in keep else _down(out, low)
+        if isinstance(out, (tuple, list)):
+            rounded = [x if i in keep else _down(x, low) for i, x in enumerate(out)]
+            return type(out)(rounded)
+        return tree_map(lambda x: _down(x, low), out)
+
+    def _eligible_op(self, func: torch._ops.OpOverload) -> bool:
+        decision = self._decisions.get(func)
+        if decision is None:
+            decision = _emulable(func)
+            self._decisions[func] = decision
+        return decision
+
+    def _all_low(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        seen = False
+        for x in tree_flatten((args, kwargs))[0]:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                if x.dtype != self.low:
+                    return False
+                seen = True
+        return seen
+
+
+def _down(x: Any, low: torch.dtype) -> Any:
+    return x.to(low) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x
+
+
+def _fp32_outputs(func: torch._ops.OpOverload, args: tuple[Any, ...]) -> frozenset[int]:
+    """Outputs that the real kernels return in FP32 even for FP16 inputs."""
+    if func in (aten._softmax.default, aten._log_softmax.default):
+        return frozenset({0}) if len(args) > 2 and args[2] else frozenset()
+    return _STATS_IN_FP32.get(func, frozenset())
+
+
+_STATS_IN_FP32: dict[Any, frozenset[int]] = {}
+if hasattr(aten, "_fused_rms_norm"):
+    _STATS_IN_FP32[aten._fused_rms_norm.default] = frozenset({1})
+
+
+def explicit_dtype(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> (
+    bool
+):
+    """Whether the call passes a ``dtype=`` (by keyword or position) that is not None."""
+    if kwargs.get("dtype") is not None:
+        return True
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "dtype":
+            return i < len(args) and args[i] is not None
+    return False
+
+
+def _retarget_dtypes(
+    args: tuple[Any, ...], kwargs: dict[str, Any], low: torch.dtype
+) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+    """Args with every dtype equal to ``low`` replaced by float32; ok=False if another dtype
+    is named (the op was asked for a specific output dtype: leave it to the real kernel)."""
+    ok = True
+
+    def retarget(x: Any) -> Any:
+        nonlocal ok
+        if isinstance(x, torch.dtype) and x.is_floating_point:
+            if x != low:
+                ok = False
+            return torch.float32
+        return x
+
+    new_args, new_kwargs = tree_map(retarget, (args, kwargs))
+    return new_args, new_kwargs, ok
+
+
+def _emulable(func: torch._ops.OpOverload) -> bool:
+    if func in _NATIVE:
+        return False
+    schema = func._schema
+    if schema.is_mutable:
+        return False
+    if any(r.alias_info is not None for r in schema.returns):
+        return False
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return False
+    return any(str(r.type) in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns)
