@@ -228,7 +228,11 @@ def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Fin
         if not event.inputs_finite or not event.outputs_finite:
             continue
         code = None
-        if _out_of_range_at_risk(event, fmt) and event.index not in cast_producers:
+        if (
+            event.index in low.escaped
+            and event.index not in cast_producers
+            and _out_of_range_at_risk(event, fmt)
+        ):
             code = "NH501"
         elif _underflows(event, fmt, settings):
             code = "NH502"
@@ -266,7 +270,9 @@ def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Fin
 def _out_of_range_at_risk(event: OpEvent, fmt: FloatFormat) -> bool:
     """An FP32 result beyond ``fmt``'s range, made by this op (not passed through from an
     input), where autocast is on and could cast it down. Loss ops and FP32 regions the user
-    opened with ``autocast(enabled=False)`` are not at risk."""
+    opened with ``autocast(enabled=False)`` are not at risk; the caller also requires that the
+    value leaves its module, so that a later layer may cast it (values that FP32 ops consume
+    inside the module, as ``x.pow(2).mean()`` in a norm, are not at risk)."""
     if event.in_loss or not event.autocast:
         return False
     largest_in = max((s.abs_max or 0.0 for s in event.inputs), default=0.0)

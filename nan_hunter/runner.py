@@ -43,6 +43,8 @@ class PassResult:
     first_origin_call: CapturedCall | None
     loss: TensorStats | None
     backward_ran: bool
+    escaped: frozenset[int] = frozenset()
+    """Ops whose output left a module: the values a next layer may cast."""
 
 
 class ModelState:
@@ -119,7 +121,7 @@ def run_pass(
     from nan_hunter.trace.tracer import OpTracer
 
     state = ModelState(model)
-    modules = ModuleTracker(model)
+    modules = ModuleTracker(model, on_output=lambda output: tracer.mark_escaped(output))
     tracer = OpTracer(modules, fmt)
     params = [p for p in model.parameters() if p.requires_grad]
     backward_ran = False
@@ -151,6 +153,7 @@ def run_pass(
             first_origin_call=tracer.first_origin_call,
             loss=loss_stats,
             backward_ran=backward_ran,
+            escaped=frozenset(tracer.escaped),
         )
     finally:
         state.restore()

@@ -9,16 +9,21 @@ from typing import Any
 import pytest
 
 from nan_hunter.api import scan_file
+from nan_hunter.config import load_settings
 from nan_hunter.findings import Report, Severity
 from tests.conftest import FIXTURES, marker_line
 
 
-def _expected(path: Path) -> Any:
+def _fixture_module(path: Path) -> Any:
     spec = importlib.util.spec_from_file_location(f"_expect_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.EXPECTED
+    return module
+
+
+def _expected(path: Path, attribute: str = "EXPECTED") -> Any:
+    return getattr(_fixture_module(path), attribute)
 
 
 OP_FIXTURES = sorted(
@@ -27,14 +32,45 @@ OP_FIXTURES = sorted(
 )
 
 
-def _scan(path: Path) -> Report:
-    return scan_file(str(path))
+CPU_POLICY_FIXTURES = sorted(
+    p for p in FIXTURES.glob("fx_*.py") if hasattr(_fixture_module(p), "EXPECTED_CPU_POLICY")
+)
+CLEAN_UNDER_CUDA = sorted(
+    p for p in FIXTURES.glob("fx_*.py")
+    if _expected(p) is None and p.stem not in ("fx_user_error", "fx_shape_mismatch")
+)
+
+
+def _scan(path: Path, **options: Any) -> Report:
+    return scan_file(str(path), load_settings(overrides=options) if options else None)
 
 
 @pytest.mark.parametrize("path", OP_FIXTURES, ids=lambda p: p.stem)
 def test_first_culprit_is_exact(path: Path) -> None:
-    expected = _expected(path)
+    _assert_first_culprit(path, _expected(path), _scan(path))
+
+
+@pytest.mark.parametrize("path", CPU_POLICY_FIXTURES, ids=lambda p: p.stem)
+def test_cpu_policy_differs_from_cuda_policy(path: Path) -> None:
+    """CPU autocast's op lists hide CUDA failures (BCELoss, FP16 inverse) and invent others
+    (``x.pow(2)`` overflowing in FP16): the same model under ``policy=cpu``."""
+    expected = _expected(path, "EXPECTED_CPU_POLICY")
+    report = _scan(path, policy="cpu")
+    assert report.target.policy == "cpu"
+    if expected is None:
+        assert [f.code for f in report.findings if f.is_error] == []
+    else:
+        _assert_first_culprit(path, expected, report)
+
+
+@pytest.mark.parametrize("path", CLEAN_UNDER_CUDA, ids=lambda p: p.stem)
+def test_clean_under_the_cuda_policy(path: Path) -> None:
     report = _scan(path)
+    assert report.target.policy == "cuda"
+    assert report.status == "clean", [(f.code, f.op, f.location) for f in report.findings]
+
+
+def _assert_first_culprit(path: Path, expected: dict[str, Any], report: Report) -> None:
     severity = expected.get("severity", "error")
     first = next(f for f in report.findings if f.severity.value == severity)
     assert first.code == expected["code"]
@@ -76,7 +112,7 @@ def test_bad_input_names_tensor_and_indices() -> None:
     assert "[0, 0], [1, 3]" in finding.message
 
 
-def test_clean_fixture_is_clean() -> None:
+def test_clean_fixture_is_clean_and_traced() -> None:
     report = _scan(FIXTURES / "fx_clean.py")
     assert report.status == "clean"
     assert report.findings == ()

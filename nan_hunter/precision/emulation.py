@@ -148,8 +148,27 @@ def _retarget_dtypes(
     return new_args, new_kwargs, ok
 
 
+# Linear algebra has no FP16 kernels on CUDA ("Low precision dtypes not supported"): leave it to
+# the real kernel, which fails the same way on the CPU, instead of quietly computing it in FP32.
+_NO_LOW_PRECISION = frozenset(
+    {
+        "inverse", "cholesky", "cholesky_inverse", "cholesky_solve", "svd", "qr", "geqrf",
+        "triangular_solve", "orgqr", "ormqr", "pinverse", "lu_solve", "_lu_with_info",
+        "lu_unpack", "det", "logdet", "slogdet", "matrix_exp",
+    }
+)  # fmt: skip
+_LOW_PRECISION_LINALG = frozenset({"linalg_vecdot", "linalg_vector_norm", "linalg_matrix_norm"})
+
+
+def _lacks_low_precision(name: str) -> bool:
+    base = name.removeprefix("aten::").split(".")[0]
+    if base in _LOW_PRECISION_LINALG:
+        return False
+    return base in _NO_LOW_PRECISION or base.startswith(("linalg_", "_linalg_"))
+
+
 def _emulable(func: torch._ops.OpOverload) -> bool:
-    if func in _NATIVE:
+    if func in _NATIVE or _lacks_low_precision(func._schema.name):
         return False
     schema = func._schema
     if schema.is_mutable:

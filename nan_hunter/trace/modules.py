@@ -6,6 +6,7 @@ per-module hook dictionaries are never touched; they are removed when the tracke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -16,7 +17,11 @@ from torch.utils.hooks import RemovableHandle
 class ModuleTracker:
     """Keeps the stack of running modules of one model; ``current`` is the innermost path."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(
+        self, model: torch.nn.Module, on_output: Callable[[Any], None] | None = None
+    ) -> None:
+        self._on_output = on_output
+        """Called with each module's forward output (the tracer marks what leaves a module)."""
         self._names: dict[int, str] = {}
         for name, module in model.named_modules(remove_duplicate=False):
             self._names.setdefault(id(module), name)
@@ -36,6 +41,8 @@ class ModuleTracker:
             self.executed.append(name)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._on_output is not None:
+            self._on_output(output)
         name = self._names.get(id(module))
         if name is not None and name in self._stack:
             # Pop down to this module: inner modules whose forward raised inside a caught

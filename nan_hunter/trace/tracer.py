@@ -76,6 +76,8 @@ class OpTracer(TorchFunctionMode):
         self._paused = False
         self.in_loss = False
         """Set by the runner while the loss function runs."""
+        self.escaped: set[int] = set()
+        """Indices of ops whose output left a module (a module's or the model's output)."""
 
     # -- forward ---------------------------------------------------------------------------
     def __torch_function__(
@@ -180,6 +182,14 @@ class OpTracer(TorchFunctionMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._producer[t] = source
+
+    def mark_escaped(self, output: Any) -> None:
+        """Record the producers of a module's output: values the next layer may cast."""
+        for t in tree_flatten(output)[0]:
+            if isinstance(t, torch.Tensor):
+                index = self._producer.get(t)
+                if index is not None:
+                    self.escaped.add(index)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
