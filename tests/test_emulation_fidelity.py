@@ -1,0 +1,166 @@
+"""Fidelity of the fast FP16 emulation: it must agree with real FP16 kernels.
+
+Real FP16 kernels on this CPU (no FP16 units) are ~100x slower than FP32; the emulation computes
+in FP32 on FP16 values and rounds every result to FP16. Both run here under the CUDA policy, on
+every fixture and example model, and on random op chains near FP16's limits (hypothesis).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nan_hunter.loader import load_target
+from nan_hunter.precision.context import PrecisionPlan
+from nan_hunter.precision.emulation import LowPrecisionEmulation
+from nan_hunter.precision.formats import FP16
+from nan_hunter.precision.override import PolicyOverride
+from nan_hunter.precision.policy import load_policy
+from nan_hunter.runner import PassResult, run_pass
+from tests.conftest import EXAMPLES, FIXTURES
+
+MODELS = sorted(EXAMPLES.glob("*.py")) + sorted(
+    p for p in FIXTURES.glob("fx_*.py")
+    if p.stem not in ("fx_user_error", "fx_shape_mismatch", "fx_bad_input")
+)
+
+
+def _pass(path: Path, emulate: bool) -> PassResult:
+    target = load_target(str(path))
+    plan = PrecisionPlan(mode="autocast", policy="cuda", device="cpu", fmt=FP16, emulate=emulate)
+    return run_pass(
+        target.model,
+        target.batch,
+        target.loss_fn,
+        plan.low_precision(),
+        FP16,
+        backward=True,
+        numerics=plan.numerics(),
+    )
+
+
+def _nonfinite(result: PassResult) -> list[tuple[object, ...]]:
+    forward = [
+        (e.key, tuple((s.dtype, s.nan, s.posinf, s.neginf) for s in e.outputs))
+        for e in result.events
+    ]
+    backward = [
+        (g.forward_index, tuple((s.nan, s.posinf, s.neginf) for s in g.produced))
+        for g in result.grad_events
+    ]
+    return forward + backward
+
+
+def _first_origin(result: PassResult) -> tuple[str, int] | None:
+    for e in result.events:
+        if e.failure is not None or (e.inputs_finite and not e.outputs_finite):
+            return (e.op, e.location.line if e.location else 0)
+    return None
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
+def test_emulated_and_real_fp16_agree_on_every_model(path: Path) -> None:
+    emulated, real = _pass(path, emulate=True), _pass(path, emulate=False)
+    assert _first_origin(emulated) == _first_origin(real)
+    assert _nonfinite(emulated) == _nonfinite(real)
+
+
+def test_emulation_really_runs_fp32_kernels() -> None:
+    a = torch.randn(64, 64).half()
+    with LowPrecisionEmulation() as mode:
+        out = a @ a
+    assert out.dtype == torch.float16
+    assert mode.emulated == 1
+
+
+# --- random op chains near FP16's limits ---------------------------------------------------
+
+Chain = list[tuple[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]]
+
+OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "matmul": lambda x, w: x @ w,
+    "linear": lambda x, w: torch.nn.functional.linear(x, w),
+    "mul": lambda x, w: x * x,
+    "add": lambda x, w: x + w,
+    "div": lambda x, w: x / (w + 1e-8),
+    "exp": lambda x, w: torch.exp(x),
+    "pow": lambda x, w: x.pow(2),
+    "softmax": lambda x, w: x.softmax(-1),
+    "layer_norm": lambda x, w: torch.nn.functional.layer_norm(x, x.shape[-1:]),
+    "sum": lambda x, w: x.sum(-1, keepdim=True) * torch.ones_like(x),
+    "mean": lambda x, w: x - x.mean(-1, keepdim=True),
+    "inverse": lambda x, w: torch.inverse(x + w),
+}
+
+
+def _run_chain(chain: list[str], x: torch.Tensor, w: torch.Tensor, emulate: bool) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.float16), PolicyOverride(
+        load_policy("cuda"), "cpu", torch.float16
+    ):
+        if emulate:
+            with LowPrecisionEmulation():
+                return _apply(chain, x, w)
+        return _apply(chain, x, w)
+
+
+def _apply(chain: list[str], x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    for name in chain:
+        x = OPS[name](x, w)
+    return x
+
+
+def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in FP16 units in the last place between finite entries."""
+    ia = a.half().view(torch.int16).int()
+    ib = b.half().view(torch.int16).int()
+    # map the sign-magnitude bit patterns onto a monotonic integer line
+    ia = torch.where(ia < 0, -32768 - ia, ia)
+    ib = torch.where(ib < 0, -32768 - ib, ib)
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    return int((ia - ib).abs()[finite].max()) if bool(finite.any()) else 0
+
+
+magnitudes = st.sampled_from([1e-6, 1e-3, 1.0, 30.0, 250.0, 2000.0, 60000.0])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    chain=st.lists(st.sampled_from(sorted(OPS)), min_size=1, max_size=4),
+    scale=magnitudes,
+    wscale=magnitudes,
+    seed=st.integers(0, 2**16),
+)
+def test_random_chains_match_real_fp16(chain: list[str], scale: float, wscale: float,
+                                       seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 8, 8, generator=gen) * scale
+    w = torch.randn(8, 8, generator=gen) * wscale
+    outcomes = []
+    for emulate in (True, False):
+        try:
+            outcomes.append(_run_chain(chain, x, w, emulate).float())
+        except RuntimeError as exc:  # FP16 linear algebra fails alike in both
+            outcomes.append(str(exc).splitlines()[0])
+    emulated, real = outcomes
+    if isinstance(real, str) or isinstance(emulated, str):
+        assert emulated == real
+        return
+    assert torch.equal(torch.isnan(emulated), torch.isnan(real))
+    assert torch.equal(torch.isposinf(emulated), torch.isposinf(real))
+    assert torch.equal(torch.isneginf(emulated), torch.isneginf(real))
+    # One rounding of the same FP32 result can differ by 1 ulp (a different summation order);
+    # after several ops such differences compound by at most one ulp per op.
+    assert _ulp_distance(emulated, real) <= max(1, len(chain)), chain
+
+
+def test_ulp_distance_counts_units_in_the_last_place() -> None:
+    one = torch.tensor([1.0, -1.0, 0.0])
+    assert _ulp_distance(one, one) == 0
+    assert _ulp_distance(one, torch.tensor([1.0 + 2**-10, -1.0, 0.0])) == 1  # next FP16 up
+    assert _ulp_distance(one, torch.tensor([1.0, -1.0 - 2**-9, 0.0])) == 2
+    assert _ulp_distance(torch.tensor([2**-24]), torch.tensor([-(2**-24)])) == 2  # across 0
