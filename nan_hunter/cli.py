@@ -33,6 +33,10 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 class OutputFormat(str, Enum):
     text = "text"
     json = "json"
+    markdown = "markdown"
+    sarif = "sarif"
+    github = "github"
+    junit = "junit"
 
 
 class DType(str, Enum):
@@ -44,6 +48,22 @@ class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
+
+
+class Policy(str, Enum):
+    cuda = "cuda"
+    cpu = "cpu"
+    native = "native"
+
+
+class Mode(str, Enum):
+    autocast = "autocast"
+    half = "half"
+
+
+class Numerics(str, Enum):
+    emulated = "emulated"
+    real = "real"
 
 
 class FailOn(str, Enum):
@@ -76,6 +96,17 @@ def scan(
     ] = None,
     dtype: Annotated[DType | None, typer.Option(help="Low-precision dtype.")] = None,
     device: Annotated[Device | None, typer.Option(help="auto = cuda when available.")] = None,
+    policy: Annotated[
+        Policy | None,
+        typer.Option(help="Autocast op lists to apply: cuda (also on a CPU), cpu, native."),
+    ] = None,
+    mode: Annotated[
+        Mode | None, typer.Option(help="autocast, or half: model and batch in FP16.")
+    ] = None,
+    numerics: Annotated[
+        Numerics | None,
+        typer.Option(help="On a CPU: emulated FP16 (fast) or real FP16 kernels (slow)."),
+    ] = None,
     backward: Annotated[
         bool | None, typer.Option("--backward/--no-backward", help="Also check the backward pass.")
     ] = None,
@@ -119,6 +150,9 @@ def scan(
             {
                 "dtype": dtype.value if dtype else None,
                 "device": device.value if device else None,
+                "policy": policy.value if policy else None,
+                "mode": mode.value if mode else None,
+                "numerics": numerics.value if numerics else None,
                 "backward": backward,
                 "select": select,
                 "ignore": ignore,

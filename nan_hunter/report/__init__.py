@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from nan_hunter.findings import Report
+from nan_hunter.report.github import render_github
 from nan_hunter.report.json_report import render_json
+from nan_hunter.report.junit import render_junit
+from nan_hunter.report.markdown import render_markdown
+from nan_hunter.report.sarif import render_sarif
 from nan_hunter.report.text import render_text
 
-FORMATS = ("text", "json")
+FORMATS = ("text", "json", "markdown", "sarif", "github", "junit")
+
+_PLAIN: dict[str, Callable[[Report], str]] = {
+    "json": render_json,
+    "markdown": render_markdown,
+    "sarif": render_sarif,
+    "github": render_github,
+    "junit": render_junit,
+}
+"""Formats with no terminal options (everything but text)."""
 
 
 def render(report: Report, fmt: str, *, color: bool = False, width: int = 100) -> str:
-    if fmt == "json":
-        return render_json(report)
     if fmt == "text":
         return render_text(report, color=color, width=width)
-    raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    emitter = _PLAIN.get(fmt)
+    if emitter is None:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return emitter(report)

@@ -67,7 +67,7 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
     for i, stats in enumerate(f.outputs):
         rows.append((f"{out_label}[{i}]", stats.render()))
     if f.fp32_rerun is not None:
-        rows.append(("fp32", _verdict(f)))
+        rows.append(("fp32", verdict_sentence(f)))
     if f.upstream is not None:
         where = f.upstream.location
         at = f" at {display_path(where.file)}:{where.line}" if where else ""
@@ -83,7 +83,7 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
                              background_color="default"))
 
 
-def _verdict(f: Finding) -> str:
+def verdict_sentence(f: Finding) -> str:
     rerun = f.fp32_rerun
     assert rerun is not None
     reach = f", |x| <= {format_number(rerun.abs_max)}" if rerun.abs_max is not None else ""
