@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from nan_hunter.findings import Phase
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.rules.registry import Candidate, Upstream
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
@@ -41,15 +42,27 @@ def failures(result: PassResult) -> list[OpEvent]:
 
 
 def backward_origins(result: PassResult) -> list[GradEvent]:
-    """Backward nodes that receive finite gradients and produce non-finite ones, for ops whose
-    forward was finite: an op that saw NaN/inf in forward only passes the damage on."""
-    return [
-        g
-        for g in result.grad_events
-        if g.is_origin
-        and result.events[g.forward_index].inputs_finite
-        and result.events[g.forward_index].outputs_finite
-    ]
+    """Backward nodes where gradients first go non-finite, for ops whose forward was finite (an
+    op that saw NaN/inf in forward only passes the damage on).
+
+    A node that receives finite gradients and produces non-finite ones is an origin. So is the
+    first node that *receives* non-finite gradients before any traced node produced one: the
+    damage then comes from untraced code between the loss and the model (the loss scale, the
+    default loss), and this node is where it enters the model.
+    """
+    found = []
+    damaged = False
+    for g in result.grad_events:
+        forward = result.events[g.forward_index]
+        incoming_finite = all(s.finite for s in g.incoming)
+        produced_finite = all(s.finite for s in g.produced)
+        if forward.inputs_finite and forward.outputs_finite and not damaged and (
+            g.is_origin or not incoming_finite
+        ):
+            found.append(g)
+        if not (incoming_finite and produced_finite):
+            damaged = True
+    return found
 
 
 def cast_inputs(event: OpEvent, fmt: FloatFormat) -> tuple[int, ...]:
@@ -140,6 +153,8 @@ def analyse(
     fmt: FloatFormat,
     *,
     upstream_depth: int,
+    window: ScaleWindow | None = None,
+    grad_scale: float = 1.0,
 ) -> Analysis:
     ref_events = {e.key: e for e in ref.events} if ref else {}
     ref_grads: dict[tuple[str, str, int, int], GradEvent] = {}
@@ -185,6 +200,8 @@ def analyse(
                 grad=g,
                 ref_grad=ref_grad,
                 ref_backward_finite=whole,
+                scale_window=window,
+                grad_scale=grad_scale,
             )
         )
 

@@ -110,6 +110,12 @@ def scan(
     backward: Annotated[
         bool | None, typer.Option("--backward/--no-backward", help="Also check the backward pass.")
     ] = None,
+    grad_scale: Annotated[
+        str | None,
+        typer.Option(
+            "--grad-scale", help="Loss scale for the backward, as GradScaler applies it, or none."
+        ),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(help="YAML settings overriding configs/default.yaml.")
     ] = None,
@@ -154,6 +160,7 @@ def scan(
                 "mode": mode.value if mode else None,
                 "numerics": numerics.value if numerics else None,
                 "backward": backward,
+                "grad_scale": grad_scale,
                 "select": select,
                 "ignore": ignore,
                 "fail_on": fail_on.value if fail_on else None,

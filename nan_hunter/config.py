@@ -19,7 +19,7 @@ from nan_hunter.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
-_SHARES = frozenset({"underflow_share"})
+_SHARES = frozenset({"underflow_share", "grad_underflow_share"})
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("float16", "bfloat16"),
     "device": ("auto", "cpu", "cuda"),
@@ -42,6 +42,9 @@ class Settings:
     underflow_min_count: int = 16
     max_warnings: int = 20
     upstream_depth: int = 12
+    grad_scale: float | None = None
+    """Loss scale for the backward, as GradScaler applies it; None: no loss scaling."""
+    grad_underflow_share: float = 0.25
     select: tuple[str, ...] = ("NH",)
     ignore: tuple[str, ...] = ()
     fail_on: str = "error"
@@ -67,6 +70,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "sources
 
 
 def _coerce(key: str, value: Any, origin: str) -> Any:
+    if key == "grad_scale":
+        return _grad_scale(value, origin)
     default = getattr(Settings(), key)
     if isinstance(default, tuple):
         if isinstance(value, str):
@@ -94,6 +99,20 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
     if choices and value not in choices:
         raise ConfigError(f"{origin}: '{key}' must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def _grad_scale(value: Any, origin: str) -> float | None:
+    if value is None or (isinstance(value, str) and value.lower() == "none"):
+        return None
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        scale = float("nan")
+    if isinstance(value, bool) or not math.isfinite(scale) or scale <= 0:
+        raise ConfigError(
+            f"{origin}: 'grad_scale' must be none or a positive number, got {value!r}"
+        )
+    return scale
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

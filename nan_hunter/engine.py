@@ -23,9 +23,11 @@ from nan_hunter.findings import (
     Severity,
 )
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
+from nan_hunter.gradient_analysis import gradient_underflow
 from nan_hunter.loader import Target
 from nan_hunter.precision.context import PrecisionPlan, fp32_context
 from nan_hunter.precision.formats import FloatFormat, format_for
+from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.rules.nh001_bad_input import BadInput
 from nan_hunter.rules.nh502_underflow_share import subnormal_share
 from nan_hunter.rules.registry import Candidate, classify, get_rule
@@ -59,6 +61,8 @@ def scan_target(target: Target, settings: Settings) -> Report:
         fmt=fmt,
         emulate=device == "cpu" and fmt.dtype == torch.float16 and settings.numerics == "emulated",
     )
+    scale = settings.grad_scale or 1.0
+    log = GradientLog(fmt) if plan.emulate and settings.backward else None
     low = run_pass(
         model,
         batch,
@@ -66,9 +70,12 @@ def scan_target(target: Target, settings: Settings) -> Report:
         plan.low_precision(),
         fmt,
         backward=settings.backward,
-        numerics=plan.numerics(),
+        numerics=plan.numerics(log),
         half=settings.mode == "half",
+        grad_scale=scale,
+        gradients=log,
     )
+    window = _scale_window(low, log, scale, settings, target, plan, model, batch)
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
         ref = run_pass(
@@ -78,14 +85,17 @@ def scan_target(target: Target, settings: Settings) -> Report:
             fp32_context(device),
             fmt,
             backward=bool(backward_origins(low)),
+            grad_scale=scale,
         )
-    analysis = analyse(low, ref, fmt, upstream_depth=settings.upstream_depth)
+    analysis = analyse(
+        low, ref, fmt, upstream_depth=settings.upstream_depth, window=window, grad_scale=scale
+    )
     errors = [
         _finding(c, settings, plan.patch_device)
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
-    warnings = _warnings(low, fmt, settings)
+    warnings = _warnings(low, fmt, settings) + gradient_underflow(low, window, settings, fmt)
     findings = sorted(errors, key=_order) + warnings[: settings.max_warnings]
     return Report(
         target=info,
@@ -96,7 +106,40 @@ def scan_target(target: Target, settings: Settings) -> Report:
         seconds=time.perf_counter() - started,
         warnings_total=len(warnings),
         loss=low.loss,
+        loss_scale=window,
     )
+
+
+def _scale_window(
+    low: PassResult,
+    log: GradientLog | None,
+    scale: float,
+    settings: Settings,
+    target: Target,
+    plan: PrecisionPlan,
+    model: torch.nn.Module,
+    batch: Batch,
+) -> ScaleWindow | None:
+    """The loss-scale window. Gradients are only measured where they are finite, so when the
+    chosen scale made them overflow, they are measured again in an unscaled backward."""
+    if log is None or not low.backward_ran:
+        return None
+    measured = low
+    if scale != 1.0 and backward_origins(low) and not forward_origins(low):
+        log = GradientLog(plan.fmt)
+        measured = run_pass(
+            model,
+            batch,
+            target.loss_fn,
+            plan.low_precision(),
+            plan.fmt,
+            backward=True,
+            numerics=plan.numerics(log),
+            half=plan.mode == "half",
+            gradients=log,
+        )
+        scale = 1.0
+    return log.window(scale, settings.grad_underflow_share, list(measured.param_grads.values()))
 
 
 def _order(f: Finding) -> tuple[int, int]:

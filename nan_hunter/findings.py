@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.trace.stats import TensorStats
 
 
@@ -125,6 +126,8 @@ class Report:
     warnings_total: int = 0
     """All warnings found, including those beyond ``max_warnings`` that are not listed."""
     loss: TensorStats | None = None
+    loss_scale: ScaleWindow | None = None
+    """The loss-scale window measured in the emulated backward (None when it did not run)."""
 
     @property
     def errors(self) -> int:

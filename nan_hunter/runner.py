@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_map
 
 from nan_hunter.errors import UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.gradients import GradientLog, GradRecord
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import frame_origin
@@ -45,6 +46,8 @@ class PassResult:
     backward_ran: bool
     escaped: frozenset[int] = frozenset()
     """Ops whose output left a module: the values a next layer may cast."""
+    param_grads: dict[str, GradRecord] = field(default_factory=dict)
+    """Per parameter name: what FP16 rounding did to its gradient (emulated backward only)."""
 
 
 class ModelState:
@@ -112,11 +115,15 @@ def run_pass(
     backward: bool,
     numerics: contextlib.AbstractContextManager[Any] | None = None,
     half: bool = False,
+    grad_scale: float = 1.0,
+    gradients: GradientLog | None = None,
 ) -> PassResult:
     """One traced forward + loss (+ backward) of ``model`` on ``batch``.
 
     ``precision`` wraps forward and loss (autocast and its policy), ``numerics`` wraps forward
-    and backward (the FP16 emulation); ``half`` runs model and batch in ``fmt``'s dtype.
+    and backward (the FP16 emulation); ``half`` runs model and batch in ``fmt``'s dtype. The
+    backward starts from ``loss * grad_scale``, as ``GradScaler.scale(loss)`` does; ``gradients``
+    is the log ``numerics`` fills during it (per-parameter underflow is read from it).
     """
     from nan_hunter.trace.tracer import OpTracer
 
@@ -143,10 +150,14 @@ def run_pass(
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise UserCodeError(f"loss_fn must return a scalar tensor, got {_describe(loss)}")
             loss_stats = tensor_stats(loss.detach(), fmt)
+            param_grads: dict[str, GradRecord] = {}
             if backward and params and loss.requires_grad:
+                scaled = loss * grad_scale if grad_scale != 1.0 else loss
                 with tracer.backward_hooks(), _user_errors(modules, "backward"):
-                    torch.autograd.grad(loss, params, allow_unused=True)
+                    grads = torch.autograd.grad(scaled, params, allow_unused=True)
                 backward_ran = True
+                if gradients is not None:
+                    param_grads = _param_grads(model, params, grads, gradients)
         return PassResult(
             events=tuple(tracer.events),
             grad_events=tuple(tracer.grad_events),
@@ -154,9 +165,25 @@ def run_pass(
             loss=loss_stats,
             backward_ran=backward_ran,
             escaped=frozenset(tracer.escaped),
+            param_grads=param_grads,
         )
     finally:
         state.restore()
+
+
+def _param_grads(
+    model: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    grads: tuple[torch.Tensor | None, ...],
+    gradients: GradientLog,
+) -> dict[str, GradRecord]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    found = {}
+    for p, g in zip(params, grads, strict=True):
+        record = gradients.records.get(g) if g is not None else None
+        if record is not None:
+            found[names[id(p)]] = record
+    return found
 
 
 def _to_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -18,6 +18,8 @@ KEYS = [f.name for f in dataclasses.fields(Settings) if f.name != "sources"]
 
 
 def _as_setting(value: object) -> object:
+    if value == "none":  # grad_scale: none
+        return None
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -143,7 +145,7 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
         load_settings(path)
     message = str(info.value)
     assert message.startswith(f"{path}: unknown key 'threshold' (known keys: ")
-    assert "backward, device, dtype, fail_on, ignore, max_warnings" in message
+    assert "backward, device, dtype, fail_on, grad_scale, grad_underflow_share, ignore" in message
 
 
 def test_unknown_key_on_command_line() -> None:
@@ -276,3 +278,16 @@ def test_resolved_device_explicit() -> None:
     else:
         with pytest.raises(ConfigError, match="CUDA is not available"):
             Settings(device="cuda").resolved_device()
+
+
+@pytest.mark.parametrize(("text", "value"), [("none", None), ("65536", 65536.0), ("1e4", 1e4)])
+def test_grad_scale_accepts_none_or_positive(
+    tmp_path: Path, text: str, value: float | None
+) -> None:
+    assert load_settings(_config(tmp_path, f"grad_scale: {text}\n")).grad_scale == value
+
+
+@pytest.mark.parametrize("text", ["0", "-2", ".inf", "yes", "[1]"])
+def test_grad_scale_rejects_the_rest(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match="'grad_scale' must be none or a positive number"):
+        load_settings(_config(tmp_path, f"grad_scale: {text}\n"))

@@ -65,9 +65,24 @@ def test_cpu_policy_differs_from_cuda_policy(path: Path) -> None:
 
 @pytest.mark.parametrize("path", CLEAN_UNDER_CUDA, ids=lambda p: p.stem)
 def test_clean_under_the_cuda_policy(path: Path) -> None:
-    report = _scan(path)
+    """Clean as trained with the standard recipe: CUDA autocast and GradScaler's default scale."""
+    report = _scan(path, grad_scale=65536.0)
     assert report.target.policy == "cuda"
     assert report.status == "clean", [(f.code, f.op, f.location) for f in report.findings]
+    assert report.loss_scale is not None and not report.loss_scale.empty
+
+
+def test_gradient_underflow_without_loss_scaling_is_reported() -> None:
+    """fx_rmsnorm_pow's forward is fine under CUDA, but its normalised gradients (x ~ 600, so
+    d/dx ~ 1/600) are mostly subnormal in FP16 without a loss scale."""
+    report = _scan(FIXTURES / "fx_rmsnorm_pow.py")
+    (finding,) = report.findings
+    assert (finding.code, finding.severity.value, finding.phase.value) == (
+        "NH402", "warning", "backward"
+    )
+    assert finding.module == "fc"
+    assert report.loss_scale is not None and report.loss_scale.recommended is not None
+    assert f"init_scale=2**{report.loss_scale.recommended}" in finding.message
 
 
 def _assert_first_culprit(path: Path, expected: dict[str, Any], report: Report) -> None:

@@ -21,6 +21,7 @@ import torch
 from nan_hunter.precision.device_alias import DeviceAlias
 from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.gradients import GradientLog
 from nan_hunter.precision.override import PolicyOverride
 from nan_hunter.precision.policy import load_policy
 
@@ -57,10 +58,11 @@ class PrecisionPlan:
             yield
 
     @contextlib.contextmanager
-    def numerics(self) -> Iterator[None]:
-        """Context for forward and backward: the FP16 emulation when it applies."""
+    def numerics(self, gradients: GradientLog | None = None) -> Iterator[None]:
+        """Context for forward and backward: the FP16 emulation when it applies, logging what
+        rounding does to gradients into ``gradients``."""
         if self.emulate:
-            with LowPrecisionEmulation(self.fmt.dtype):
+            with LowPrecisionEmulation(self.fmt.dtype, gradients):
                 yield
         else:
             yield

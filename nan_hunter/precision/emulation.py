@@ -20,6 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from nan_hunter.precision.gradients import GradientLog
+
 aten = torch.ops.aten
 
 # Data movement and constructors: exact in FP16 already, no arithmetic to emulate.
@@ -46,9 +48,13 @@ class LowPrecisionEmulation(TorchDispatchMode):
         # and nan-hunter scans eager modules only.
         return False
 
-    def __init__(self, low: torch.dtype = torch.float16) -> None:
+    def __init__(
+        self, low: torch.dtype = torch.float16, gradients: GradientLog | None = None
+    ) -> None:
         super().__init__()
         self.low = low
+        self.gradients = gradients
+        """Where to log what rounding does to gradients (during a backward), if anywhere."""
         self.emulated = 0
         """How many op calls were emulated (for tests and benchmarks)."""
         self._decisions: dict[torch._ops.OpOverload, bool] = {}
@@ -61,8 +67,15 @@ class LowPrecisionEmulation(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        log = self.gradients if torch._C._current_graph_task_id() != -1 else None
         if not self._eligible_op(func) or not self._all_low(args, kwargs):
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if log is not None and args and _same_shape_tensors(args[0], out):
+                if args[0].dtype == torch.float32 and out.dtype == self.low:
+                    log.record(args[0], out)  # an FP32 gradient cast down (from the loss)
+                else:
+                    log.inherit(args[0], out)  # a transpose or the cast back to FP32
+            return out
         low = self.low
         # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=...)``):
         # emulate only when it names the low dtype itself, computing in FP32 instead.
@@ -77,12 +90,18 @@ class LowPrecisionEmulation(TorchDispatchMode):
 
         out = func(*tree_map(up, args), **tree_map(up, kwargs))
         keep = _fp32_outputs(func, args)
+
+        def down(x: Any) -> Any:
+            rounded = _down(x, low)
+            if log is not None and rounded is not x:
+                log.record(x, rounded)
+            return rounded
+
         if isinstance(out, torch.Tensor):
-            return out if 0 in keep else _down(out, low)
+            return out if 0 in keep else down(out)
         if isinstance(out, (tuple, list)):
-            rounded = [x if i in keep else _down(x, low) for i, x in enumerate(out)]
-            return type(out)(rounded)
-        return tree_map(lambda x: _down(x, low), out)
+            return type(out)(x if i in keep else down(x) for i, x in enumerate(out))
+        return tree_map(down, out)
 
     def _eligible_op(self, func: torch._ops.OpOverload) -> bool:
         decision = self._decisions.get(func)
@@ -99,6 +118,10 @@ class LowPrecisionEmulation(TorchDispatchMode):
                     return False
                 seen = True
         return seen
+
+
+def _same_shape_tensors(a: Any, b: Any) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.numel() == b.numel()
 
 
 def _down(x: Any, low: torch.dtype) -> Any:

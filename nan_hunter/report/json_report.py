@@ -75,6 +75,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         },
         "status": report.status,
         "findings": [finding_dict(f) for f in report.findings],
+        "loss_scale": _loss_scale(report),
         "summary": {
             "ops": report.ops,
             "backward_nodes": report.backward_nodes,
@@ -83,6 +84,20 @@ def report_dict(report: Report) -> dict[str, Any]:
             "propagated": report.propagated,
             "seconds": round(report.seconds, 4),
         },
+    }
+
+
+def _loss_scale(report: Report) -> dict[str, Any] | None:
+    window = report.loss_scale
+    if window is None:
+        return None
+    return {
+        "current": window.current,
+        "window": None
+        if window.high is None
+        else [None if window.low is None else 2.0**window.low, 2.0**window.high],
+        "recommended_init_scale": None if window.recommended is None else 2.0**window.recommended,
+        "max_grad": window.max_abs,
     }
 
 

@@ -8,7 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from nan_hunter.findings import Finding, Phase, Report, Severity
+from nan_hunter.findings import Finding, Phase, Report, ScanTarget, Severity
+from nan_hunter.precision.formats import FloatFormat, format_for
+from nan_hunter.precision.gradients import scale_advice
 from nan_hunter.report.paths import display_path
 from nan_hunter.trace.stats import format_number
 
@@ -42,8 +44,14 @@ def render_text(report: Report, *, color: bool = False, width: int = 100) -> str
         for finding in warnings:
             _finding(console, finding, detailed=False)
     console.print()
+    if report.loss_scale is not None and any(f.phase is Phase.BACKWARD for f in report.findings):
+        console.print(f"[bold]loss scale[/]: {escape(scale_advice(report.loss_scale, _fmt(t)))}")
     console.print(_summary(report))
     return buffer.getvalue()
+
+
+def _fmt(target: ScanTarget) -> FloatFormat:
+    return format_for(target.dtype)
 
 
 def _finding(console: Console, f: Finding, *, detailed: bool) -> None:

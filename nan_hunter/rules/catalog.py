@@ -12,6 +12,7 @@ from nan_hunter.rules import (  # noqa: F401
     nh302_banned_op,
     nh303_low_precision_linalg,
     nh401_backward_overflow,
+    nh402_gradient_underflow,
     nh501_fp32_out_of_range,
     nh502_underflow_share,
     nh900_non_finite,

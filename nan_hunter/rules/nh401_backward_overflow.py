@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from nan_hunter.findings import Kind, Phase
+from nan_hunter.precision.gradients import scale_advice
 from nan_hunter.rules._messages import fp32_reach, output_damage
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
+from nan_hunter.trace.stats import format_number
 
 
 @register
@@ -46,12 +48,24 @@ or compute the op in FP32 so its gradient is FP32. Review needed: display-only a
         return Kind.NAN if any(s.nan for s in stats) else Kind.INF
 
     def message(self, c: Candidate) -> str:
+        window = c.scale_window
+        scale = f" at loss scale {format_number(c.grad_scale)}" if c.grad_scale != 1.0 else ""
+        advice = f"; {scale_advice(window, c.fmt)}" if window is not None else ""
+        received = "receives finite gradients and produces"
+        if c.grad is not None and not all(s.finite for s in c.grad.incoming):
+            received = "is the first to receive non-finite gradients (from the loss) and produces"
         return (
-            f"the backward of {c.event.op} receives finite gradients and produces "
-            f"{output_damage(c)}{fp32_reach(c)}"
+            f"the backward of {c.event.op} {received} "
+            f"{output_damage(c)}{scale}{fp32_reach(c)}{advice}"
         )
 
     def fix(self, c: Candidate) -> FixPlan:
+        window = c.scale_window
+        if window is not None and window.recommended is not None:
+            return FixPlan(
+                title=f"Use torch.amp.GradScaler(init_scale=2**{window.recommended}) "
+                "(it also skips steps whose gradients overflow)"
+            )
         return FixPlan(
             title="Lower the loss weight or loss scale (GradScaler skips such steps), "
             f"or compute {c.event.op} in FP32"

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from nan_hunter.findings import Kind, Phase, Severity
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.trace.events import GradEvent, OpEvent
 
 
@@ -58,6 +59,10 @@ class Candidate:
     """Lines (same file) of the ops that produced the out-of-range operands."""
     ref_backward_finite: bool | None = None
     """For a backward op with no backward node in FP32: whether the whole FP32 backward was."""
+    scale_window: ScaleWindow | None = None
+    """Loss scales that keep the FP16 gradients healthy (emulated backward only)."""
+    grad_scale: float = 1.0
+    """The loss scale the backward ran with."""
 
     @property
     def ref_finite(self) -> bool | None:

@@ -1,0 +1,168 @@
+"""What FP16 does to gradients: values lost to underflow, and the loss scales that would save them.
+
+During the emulated backward every FP16 result is computed in FP32 first and then rounded, so
+the FP32 value each gradient *should* have is at hand at the moment it is rounded. ``GradientLog``
+records, per rounded gradient, how many nonzero values vanished (became 0) or went subnormal, and,
+over all gradients, a histogram of their binary exponents. Backpropagation is linear in the loss,
+so a loss scale of ``2**k`` shifts every exponent by ``k``: the histogram tells for which scales no
+gradient overflows and little underflows, the window a ``GradScaler`` should start in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.trace.stats import format_number
+
+_EXP_OFFSET = 160  # frexp exponents of FP32 values lie in [-148, 129]
+_EXP_BINS = 300
+
+
+@dataclass(frozen=True)
+class FlushStats:
+    nonzero: int
+    """Nonzero values of the gradient as computed in FP32."""
+    vanished: int
+    """... that became 0 in FP16."""
+    subnormal: int
+    """... that became subnormal in FP16 (below 6.1e-5: a few bits of precision left)."""
+
+    @property
+    def lost_share(self) -> float:
+        return (self.vanished + self.subnormal) / self.nonzero if self.nonzero else 0.0
+
+    def __add__(self, other: FlushStats) -> FlushStats:
+        return FlushStats(
+            self.nonzero + other.nonzero,
+            self.vanished + other.vanished,
+            self.subnormal + other.subnormal,
+        )
+
+
+@dataclass(frozen=True)
+class ScaleWindow:
+    """Loss scales ``2**low .. 2**high`` (exponents) that keep FP16 gradients healthy."""
+
+    low: int | None
+    """None: no parameter gradient limits the scale from below (or the window is empty)."""
+    high: int | None
+    """None: the window is empty."""
+    current: float
+    """The loss scale the scan ran with (1 without ``--grad-scale``)."""
+    max_abs: float
+    """The largest gradient magnitude at the current scale."""
+
+    @property
+    def empty(self) -> bool:
+        return self.high is None
+
+    @property
+    def recommended(self) -> int | None:
+        """Exponent of the recommended ``GradScaler(init_scale=2**k)``: the top of the window
+        with one doubling of headroom, as gradients grow during training."""
+        if self.high is None:
+            return None
+        return self.high - 1 if self.low is None else max(self.low, self.high - 1)
+
+
+@dataclass(frozen=True)
+class GradRecord:
+    """What rounding to FP16 did to one gradient tensor."""
+
+    flush: FlushStats
+    histogram: tuple[int, ...]
+    """Counts of the nonzero FP32 values per binary exponent (index - 160)."""
+
+
+class GradientLog:
+    """Filled by the FP16 emulation while a backward runs."""
+
+    def __init__(self, fmt: FloatFormat) -> None:
+        self._fmt = fmt
+        self.records: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.max_abs = 0.0
+        """The largest finite gradient magnitude seen, before rounding."""
+
+    def record(self, exact: torch.Tensor, rounded: torch.Tensor) -> None:
+        """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result."""
+        magnitude = exact.detach().abs()
+        nonzero_mask = (magnitude != 0) & torch.isfinite(magnitude)
+        kept = magnitude[nonzero_mask]
+        nonzero = kept.numel()
+        histogram: tuple[int, ...] = ()
+        if nonzero:
+            exponents = torch.frexp(kept).exponent.to(torch.int64) + _EXP_OFFSET
+            counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1), minlength=_EXP_BINS)
+            histogram = tuple(counts.tolist())
+            self.max_abs = max(self.max_abs, float(kept.max()))
+        low = rounded.detach()
+        vanished = int(((low == 0) & nonzero_mask).sum())
+        subnormal = int(((low != 0) & (low.abs() < self._fmt.smallest_normal)).sum())
+        self.records[rounded] = GradRecord(FlushStats(nonzero, vanished, subnormal), histogram)
+
+    def inherit(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """``target`` is a view or copy of ``source`` (a transpose, the cast back to FP32)."""
+        record = self.records.get(source)
+        if record is not None:
+            self.records[target] = record
+
+    def window(
+        self,
+        current_scale: float,
+        max_underflow_share: float,
+        parameters: list[GradRecord],
+    ) -> ScaleWindow:
+        """Scales ``2**k`` at which no gradient overflows and no parameter loses more than
+        ``max_underflow_share`` of its nonzero gradient values to underflow."""
+        if self.max_abs == 0.0:
+            return ScaleWindow(None, None, current_scale, 0.0)
+        shift = math.log2(current_scale)
+        limit = math.log2(self._fmt.smallest_normal)
+        true_max = self.max_abs / current_scale
+        histograms = [r.histogram for r in parameters if r.histogram]
+        ks = []
+        for k in range(-40, 41):
+            if true_max * 2.0**k > self._fmt.max:
+                continue
+            if all(
+                _lost_share(h, k - shift, limit) <= max_underflow_share for h in histograms
+            ):
+                ks.append(k)
+        if not ks:
+            return ScaleWindow(None, None, current_scale, self.max_abs)
+        low = min(ks) if histograms and min(ks) > -40 else None
+        return ScaleWindow(low, max(ks), current_scale, self.max_abs)
+
+
+def _lost_share(histogram: tuple[int, ...], shift: float, limit: float) -> float:
+    """Share of values below ``2**limit`` once multiplied by ``2**shift``: a value with binary
+    exponent e lies in [2**(e-1), 2**e), so it is lost when e + shift <= limit."""
+    total = sum(histogram)
+    lost = sum(
+        count
+        for index, count in enumerate(histogram)
+        if count and (index - _EXP_OFFSET) + shift <= limit
+    )
+    return lost / total if total else 0.0
+
+
+def scale_advice(window: ScaleWindow, fmt: FloatFormat) -> str:
+    """One sentence: the window of loss scales and the GradScaler to use, or that none fits."""
+    if window.high is None or window.recommended is None:
+        return (
+            f"no loss scale keeps these gradients within {fmt.name}: the largest reaches "
+            f"{format_number(window.max_abs / window.current)} unscaled while many are tiny; "
+            "keep these layers in FP32 or train in BF16"
+        )
+    scales = (
+        f"loss scales up to 2**{window.high} keep every gradient finite"
+        if window.low is None
+        else f"loss scales 2**{window.low} .. 2**{window.high} keep every gradient finite and "
+        "lose little"
+    )
+    return f"{scales}; use torch.amp.GradScaler(init_scale=2**{window.recommended})"
