@@ -16,6 +16,7 @@ from nan_hunter.findings import (
     Finding,
     Fix,
     Fp32Rerun,
+    Kind,
     OpRef,
     Phase,
     Report,
@@ -26,14 +27,14 @@ from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.gradient_analysis import gradient_underflow
 from nan_hunter.loader import Target
 from nan_hunter.precision.context import PrecisionPlan, fp32_context
-from nan_hunter.precision.formats import FloatFormat, format_for
+from nan_hunter.precision.formats import BF16, FP16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.rules.nh001_bad_input import BadInput
 from nan_hunter.rules.nh502_underflow_share import subnormal_share
 from nan_hunter.rules.registry import Candidate, classify, get_rule
 from nan_hunter.runner import Batch, PassResult, run_pass
 from nan_hunter.trace.events import OpEvent
-from nan_hunter.trace.stats import tensor_stats
+from nan_hunter.trace.stats import format_number, tensor_stats
 
 
 def scan_target(target: Target, settings: Settings) -> Report:
@@ -254,7 +255,27 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
         outputs=event.outputs if c.grad is None else c.grad.produced,
         upstream=upstream,
         op_index=event.index,
+        notes=_bf16_alternative(c, rule.kind_for(c)),
     )
+
+
+def _bf16_alternative(c: Candidate, kind: Kind) -> tuple[str, ...]:
+    """"BF16 would avoid this" when an FP16 culprit's FP32 values fit BF16's range."""
+    if c.fmt is not FP16 or c.ref_finite is not True:
+        return ()
+    if kind is Kind.OVERFLOW and c.ref_abs_max is not None and c.ref_abs_max < BF16.max:
+        reach = format_number(c.ref_abs_max)
+        return (
+            f"BF16 would avoid this: its range reaches {format_number(BF16.max)} and this op's "
+            f"FP32 values reach {reach}; use torch.autocast(..., dtype=torch.bfloat16)",
+        )
+    if kind is Kind.UNDERFLOW:
+        return (
+            "BF16 would avoid this: its smallest normal is "
+            f"{format_number(BF16.smallest_normal)}, so small values and eps constants survive; "
+            "use torch.autocast(..., dtype=torch.bfloat16)",
+        )
+    return ()
 
 
 def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Finding]:

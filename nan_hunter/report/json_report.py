@@ -56,6 +56,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
             "file": display_path(f.fix.file) if f.fix.file else None,
         },
         "upstream": _upstream(f.upstream),
+        "notes": list(f.notes),
         "inputs": [s.to_dict() for s in f.inputs],
         "outputs": [s.to_dict() for s in f.outputs],
     }

@@ -83,6 +83,7 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
         rows.append(("cause", f"{f.upstream.op}{at}{code}"))
     if f.fix is not None:
         rows.append(("fix", f"{f.fix.title} [{f.fix.applicability.value}]"))
+    rows.extend(("also", note) for note in f.notes)
     label_width = max((len(label) for label, _ in rows), default=0)
     for label, value in rows:
         console.print(f"  [dim]{label.ljust(label_width)}[/]  {escape(value)}")
