@@ -124,8 +124,8 @@ def find_upstream(
             return Upstream(event, "eps")
         ref = reference.get(event.key)
         if in_low and ref is not None:
-            low_zeros = sum(s.zeros for s in event.outputs)
-            ref_zeros = sum(s.zeros for s in ref.outputs)
+            low_zeros = sum(s.zeros or 0 for s in event.outputs)
+            ref_zeros = sum(s.zeros or 0 for s in ref.outputs)
             if low_zeros > ref_zeros:
                 return Upstream(event, "flush")
     return None

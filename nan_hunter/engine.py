@@ -87,6 +87,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
             fmt,
             backward=bool(backward_origins(low)),
             grad_scale=scale,
+            count_all=True,
         )
     analysis = analyse(
         low, ref, fmt, upstream_depth=settings.upstream_depth, window=window, grad_scale=scale
@@ -349,7 +350,7 @@ def _out_of_range_at_risk(event: OpEvent, fmt: FloatFormat) -> bool:
 def _underflows(event: OpEvent, fmt: FloatFormat, settings: Settings) -> bool:
     if not any(s.dtype == fmt.name for s in event.outputs):
         return False
-    tiny = sum(s.tiny for s in event.outputs)
+    tiny = sum(s.tiny or 0 for s in event.outputs)
     if tiny < settings.underflow_min_count:
         return False
     c = Candidate(phase=Phase.FORWARD, event=event, fmt=fmt)

@@ -117,6 +117,7 @@ def run_pass(
     half: bool = False,
     grad_scale: float = 1.0,
     gradients: GradientLog | None = None,
+    count_all: bool = False,
 ) -> PassResult:
     """One traced forward + loss (+ backward) of ``model`` on ``batch``.
 
@@ -129,7 +130,7 @@ def run_pass(
 
     state = ModelState(model)
     modules = ModuleTracker(model, on_output=lambda output: tracer.mark_escaped(output))
-    tracer = OpTracer(modules, fmt)
+    tracer = OpTracer(modules, fmt, count_all=count_all)
     params = [p for p in model.parameters() if p.requires_grad]
     backward_ran = False
     try:
@@ -153,6 +154,8 @@ def run_pass(
             param_grads: dict[str, GradRecord] = {}
             if backward and params and loss.requires_grad:
                 scaled = loss * grad_scale if grad_scale != 1.0 else loss
+                if gradients is not None:
+                    gradients.watch(_gradient_sizes(params))
                 with tracer.backward_hooks(), _user_errors(modules, "backward"):
                     grads = torch.autograd.grad(scaled, params, allow_unused=True)
                 backward_ran = True
@@ -169,6 +172,10 @@ def run_pass(
         )
     finally:
         state.restore()
+
+
+def _gradient_sizes(params: list[torch.nn.Parameter]) -> set[int]:
+    return {p.numel() for p in params}
 
 
 def _param_grads(

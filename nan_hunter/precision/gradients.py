@@ -85,25 +85,41 @@ class GradientLog:
     def __init__(self, fmt: FloatFormat) -> None:
         self._fmt = fmt
         self.records: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._sizes: set[int] | None = None
         self.max_abs = 0.0
         """The largest finite gradient magnitude seen, before rounding."""
 
+    def watch(self, sizes: set[int]) -> None:
+        """Only gradients with as many values as a parameter can end up as a parameter's
+        gradient: only they get a histogram; the rest only update the maximum."""
+        self._sizes = sizes
+
     def record(self, exact: torch.Tensor, rounded: torch.Tensor) -> None:
         """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result."""
-        magnitude = exact.detach().abs()
-        nonzero_mask = (magnitude != 0) & torch.isfinite(magnitude)
-        kept = magnitude[nonzero_mask]
-        nonzero = kept.numel()
-        histogram: tuple[int, ...] = ()
-        if nonzero:
-            exponents = torch.frexp(kept).exponent.to(torch.int64) + _EXP_OFFSET
-            counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1), minlength=_EXP_BINS)
-            histogram = tuple(counts.tolist())
-            self.max_abs = max(self.max_abs, float(kept.max()))
-        low = rounded.detach()
-        vanished = int(((low == 0) & nonzero_mask).sum())
-        subnormal = int(((low != 0) & (low.abs() < self._fmt.smallest_normal)).sum())
-        self.records[rounded] = GradRecord(FlushStats(nonzero, vanished, subnormal), histogram)
+        exact = exact.detach()
+        lo, hi = torch.aminmax(exact)
+        lo_f, hi_f = float(lo), float(hi)
+        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
+            exact = exact[torch.isfinite(exact)]
+            if exact.numel() == 0:
+                return
+            lo, hi = torch.aminmax(exact)
+            lo_f, hi_f = float(lo), float(hi)
+        self.max_abs = max(self.max_abs, abs(lo_f), abs(hi_f))
+        if self._sizes is not None and rounded.numel() not in self._sizes:
+            return
+        zeros = exact.numel() - int(torch.count_nonzero(exact))
+        exponents = torch.frexp(exact).exponent.to(torch.int64).add_(_EXP_OFFSET)
+        counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1).reshape(-1),
+                                minlength=_EXP_BINS)
+        counts[_EXP_OFFSET] -= zeros  # frexp(0) has exponent 0
+        histogram = tuple(counts.tolist())
+        nonzero = exact.numel() - zeros
+        limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
+        below_normal = sum(histogram[: limit + 1])
+        vanished = max(0, rounded.numel() - int(torch.count_nonzero(rounded)) - zeros)
+        flush = FlushStats(nonzero, vanished, max(0, below_normal - vanished))
+        self.records[rounded] = GradRecord(flush, histogram)
 
     def inherit(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """``target`` is a view or copy of ``source`` (a transpose, the cast back to FP32)."""

@@ -8,8 +8,8 @@ from nan_hunter.trace.stats import format_number
 
 
 def subnormal_share(c: Candidate) -> float:
-    tiny = sum(s.tiny for s in c.event.outputs)
-    nonzero = sum(s.numel - s.zeros - s.nonfinite for s in c.event.outputs)
+    tiny = sum(s.tiny or 0 for s in c.event.outputs)
+    nonzero = sum(s.numel - (s.zeros or 0) - s.nonfinite for s in c.event.outputs)
     return tiny / nonzero if nonzero else 0.0
 
 

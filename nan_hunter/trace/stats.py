@@ -6,6 +6,7 @@ computed with a handful of reductions and no copy of the tensor beyond one boole
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +37,11 @@ class TensorStats:
     """Smallest finite value (None when there is none)."""
     max: float | None = None
     abs_max: float | None = None
-    zeros: int = 0
-    tiny: int = 0
-    """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5)."""
+    zeros: int | None = 0
+    """Exact zeros (None: not counted, as for FP32 results in the low-precision pass)."""
+    tiny: int | None = 0
+    """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5); estimated
+    from a strided sample of ``SAMPLE`` values on larger tensors (None: not counted)."""
 
     @property
     def nonfinite(self) -> int:
@@ -99,10 +102,17 @@ def format_number(value: float) -> str:
     return f"{value:.2e}"
 
 
-def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16) -> TensorStats:
+SAMPLE = 65536
+"""``tiny`` is counted exactly up to this many values, and estimated from an evenly strided
+sample of this size beyond (a share is all it feeds)."""
+
+
+def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16, *, counts: bool = True) -> TensorStats:
     """Summarise ``t``; floating tensors get full statistics, others shape and dtype only.
 
-    ``tiny`` counts values below ``fmt``'s smallest normal, the ones that format loses.
+    One ``aminmax`` pass settles range and finiteness (NaN and inf show in the extremes); the
+    NaN/inf counts are only taken when they are there. ``counts`` adds ``zeros`` and ``tiny``
+    (values below ``fmt``'s smallest normal, the ones that format loses).
     """
     shape = tuple(int(s) for s in t.shape)
     numel = t.numel()
@@ -112,23 +122,25 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16) -> TensorStats:
     data = t.detach()
     if data.element_size() == 1:  # float8: no isfinite/aminmax kernels; FP32 holds it exactly
         data = data.float()
-    finite_mask = torch.isfinite(data)
-    n_finite = int(finite_mask.sum())
-    if n_finite == numel:
-        nan = posinf = neginf = 0
-        finite_vals = data
-    else:
+    lo, hi = torch.aminmax(data)
+    lo_f, hi_f = float(lo), float(hi)
+    nan = posinf = neginf = 0
+    finite_vals = data
+    if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
+        finite_mask = torch.isfinite(data)
+        n_finite = int(finite_mask.sum())
         nan = int(torch.isnan(data).sum())
         posinf = int(torch.isposinf(data).sum())
         neginf = numel - n_finite - nan - posinf
+        if n_finite == 0:
+            return TensorStats(shape, name, numel, nan, posinf, neginf)
         finite_vals = data[finite_mask]
-    if n_finite == 0:
-        return TensorStats(shape, name, numel, nan, posinf, neginf)
-    lo, hi = torch.aminmax(finite_vals)
-    lo_f, hi_f = float(lo), float(hi)
-    magnitude = finite_vals.abs()
-    zeros = int((magnitude == 0).sum())
-    tiny = int(((magnitude < fmt.smallest_normal) & (magnitude > 0)).sum())
+        lo, hi = torch.aminmax(finite_vals)
+        lo_f, hi_f = float(lo), float(hi)
+    zeros = tiny = None
+    if counts:
+        zeros = finite_vals.numel() - int(torch.count_nonzero(finite_vals))
+        tiny = _tiny(finite_vals.reshape(-1), fmt)
     return TensorStats(
         shape=shape,
         dtype=name,
@@ -142,3 +154,13 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16) -> TensorStats:
         zeros=zeros,
         tiny=tiny,
     )
+
+
+def _tiny(flat: torch.Tensor, fmt: FloatFormat) -> int:
+    """Nonzero values below ``fmt``'s smallest normal; estimated on large tensors."""
+    n = flat.numel()
+    step = max(1, n // SAMPLE)
+    sample = flat[::step] if step > 1 else flat
+    magnitude = sample.abs()
+    count = int(torch.count_nonzero((magnitude < fmt.smallest_normal) & (magnitude > 0)))
+    return count if step == 1 else round(count * n / sample.numel())

@@ -62,10 +62,14 @@ def _is_inplace(name: str, kwargs: dict[str, Any]) -> bool:
 class OpTracer(TorchFunctionMode):
     """Records ``OpEvent``s; use ``forward()`` around the forward and ``backward()`` around it."""
 
-    def __init__(self, modules: ModuleTracker, fmt: FloatFormat) -> None:
+    def __init__(
+        self, modules: ModuleTracker, fmt: FloatFormat, *, count_all: bool = False
+    ) -> None:
         super().__init__()
         self._modules = modules
         self._fmt = fmt
+        self._count_all = count_all
+        """Count zeros and tiny values in every output, not only in low-precision ones."""
         self.events: list[OpEvent] = []
         self.grad_events: list[GradEvent] = []
         self.first_origin_call: CapturedCall | None = None
@@ -168,10 +172,12 @@ class OpTracer(TorchFunctionMode):
             self._stats[t] = stats
         return stats
 
-    def _summarise(self, t: torch.Tensor) -> TensorStats:
+    def _summarise(self, t: torch.Tensor, *, counts: bool | None = None) -> TensorStats:
         # Our own reductions bypass dispatch modes (the FP16 emulation): nothing to emulate.
+        if counts is None:
+            counts = self._count_all or t.dtype == self._fmt.dtype
         with _disable_current_modes():
-            return tensor_stats(t, self._fmt)
+            return tensor_stats(t, self._fmt, counts=counts)
 
     def _inherit_producer(self, out: Any, in_tensors: list[torch.Tensor]) -> None:
         if not in_tensors:
@@ -211,8 +217,8 @@ class OpTracer(TorchFunctionMode):
         return _BackwardHooks(self)
 
     def _on_node(self, forward_index: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        incoming = tuple(self._summarise(g) for g in grad_outputs if g is not None)
-        produced = tuple(self._summarise(g) for g in grad_inputs if g is not None)
+        incoming = tuple(self._summarise(g, counts=False) for g in grad_outputs if g is not None)
+        produced = tuple(self._summarise(g, counts=False) for g in grad_inputs if g is not None)
         self.grad_events.append(
             GradEvent(len(self.grad_events), forward_index, incoming, produced)
         )
