@@ -51,13 +51,17 @@ class PassResult:
 
 
 class ModelState:
-    """A snapshot of everything a forward/backward can change in a model, and its restore."""
+    """A snapshot of everything a forward/backward can change in a model, and its restore.
+
+    Parameters and buffers are copied; on restore, only the tensors that were written to (their
+    version counter moved) or swapped for a half-precision copy are put back.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = model
         with torch.no_grad():
             self._tensors = [
-                (t, t.detach().clone())
+                (t, t.data, t._version, t.detach().clone())
                 for t in [*model.parameters(), *model.buffers()]
             ]
         self._grads = [(p, p.grad) for p in model.parameters()]
@@ -66,11 +70,11 @@ class ModelState:
 
     def restore(self) -> None:
         with torch.no_grad():
-            for live, saved in self._tensors:
-                if live.shape == saved.shape and live.dtype == saved.dtype:
-                    live.copy_(saved)
-                else:  # converted for a half-precision pass: put the original data back
-                    live.data = saved
+            for live, data, version, saved in self._tensors:
+                if live.data is not data:  # converted for a half-precision pass
+                    live.data = data
+                if live._version != version or data._version != version:
+                    data.copy_(saved)
         for p, grad in self._grads:
             p.grad = grad
         for p, flag in self._requires_grad:
