@@ -11,13 +11,17 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
 from nan_hunter.errors import NanHunterError
+
+if TYPE_CHECKING:
+    from nan_hunter.findings import Report
+    from nan_hunter.fixes.workflow import Applied
 
 app = typer.Typer(
     name="nan-hunter",
@@ -143,10 +147,33 @@ def scan(
     color: Annotated[
         bool | None, typer.Option("--color/--no-color", help="Colour the text report.")
     ] = None,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="Print the combined patch of the fixes, not the report.")
+    ] = False,
+    fix: Annotated[
+        bool, typer.Option("--fix", help="Apply the verified fixes to the model file.")
+    ] = False,
+    unsafe_fixes: Annotated[
+        bool, typer.Option("--unsafe-fixes", help="Include fixes marked unsafe.")
+    ] = False,
+    fix_all: Annotated[
+        bool,
+        typer.Option("--fix-all", help="Fix and re-scan until clean or --rounds rounds."),
+    ] = False,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds for --fix-all.")] = 5,
+    backup: Annotated[
+        bool, typer.Option("--backup/--no-backup", help="Keep FILE.orig when fixing.")
+    ] = True,
+    verify: Annotated[
+        bool | None,
+        typer.Option("--verify/--no-verify", help="Re-scan a patched copy to prove each fix."),
+    ] = None,
 ) -> None:
     """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
     from nan_hunter.api import scan_file
     from nan_hunter.config import load_settings
+    from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
+    from nan_hunter.fixes.workflow import fix_all as run_fix_all
     from nan_hunter.loader import Names
     from nan_hunter.report import render
 
@@ -164,15 +191,31 @@ def scan(
                 "select": select,
                 "ignore": ignore,
                 "fail_on": fail_on.value if fail_on else None,
+                "verify_fixes": verify,
             },
         )
-        report = scan_file(
-            path,
-            settings,
-            names=Names(model_fn=model_fn, batch_fn=batch_fn, loss_fn=loss_fn),
-            weights=weights,
-            batch_file=batch_file,
-        )
+        names = Names(model_fn=model_fn, batch_fn=batch_fn, loss_fn=loss_fn)
+
+        def rescan(file: Path) -> Report:
+            return scan_file(
+                str(file), settings, names=names, weights=weights, batch_file=batch_file
+            )
+
+        report = scan_file(path, settings, names=names, weights=weights, batch_file=batch_file)
+        if fix_all:
+            done, report = run_fix_all(
+                Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
+                backup=backup,
+            )
+            for r in done:
+                _say_applied(r.applied, f"round {r.number}: ")
+        elif settings.verify_fixes or fix:
+            report = verify_fixes(report, rescan)
+        if fix and not fix_all:
+            applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)
+            _say_applied(applied, "")
+            if any(a.fixed for a in applied):
+                report = verify_fixes(rescan(Path(report.target.file)), rescan)
     except NanHunterError as exc:
         raise _fail(str(exc)) from None
     except Exception as exc:  # a bug of ours: say so in one line
@@ -183,6 +226,16 @@ def scan(
         ) from None
 
     use_color = sys.stdout.isatty() if color is None else color
+    if diff:
+        fixes = [f.fix for f in report.findings if f.fix and f.fix.diff]
+        chosen = [
+            x.diff for x in fixes
+            if x.verified is not False
+            and (x.applicability.value == "safe" or unsafe_fixes)
+        ]
+        typer.echo("".join(dict.fromkeys(d for d in chosen if d)), nl=False)
+        code = report.exit_code(settings.fail_on)
+        raise typer.Exit(EXIT_CLEAN if exit_zero else code)
     text = render(report, output_format.value, color=use_color and output is None)
     if output is not None:
         _write(output, text)
@@ -198,6 +251,16 @@ def scan(
             typer.echo("nan-hunter: no patch to write: no finding has an automatic fix", err=True)
     code = report.exit_code(settings.fail_on)
     raise typer.Exit(EXIT_CLEAN if exit_zero else code)
+
+
+def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> None:
+    for a in applied:
+        if a.fixed:
+            kept = f" (original kept as {a.backup.name})" if a.backup else ""
+            codes = ", ".join(f.code for f in a.fixed)
+            typer.echo(f"nan-hunter: {prefix}fixed {codes} in {a.file}{kept}", err=True)
+        for f, why in a.skipped:
+            typer.echo(f"nan-hunter: {prefix}not fixed: {f.code} ({why})", err=True)
 
 
 def _write(path: Path, text: str) -> None:

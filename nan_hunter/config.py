@@ -45,6 +45,7 @@ class Settings:
     grad_scale: float | None = None
     """Loss scale for the backward, as GradScaler applies it; None: no loss scaling."""
     grad_underflow_share: float = 0.25
+    verify_fixes: bool = True
     select: tuple[str, ...] = ("NH",)
     ignore: tuple[str, ...] = ()
     fail_on: str = "error"

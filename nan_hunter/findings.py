@@ -75,6 +75,11 @@ class Fix:
     applicability: Applicability
     diff: str | None
     file: str | None = None
+    verified: bool | None = None
+    """True when the fix, applied to a copy of the file and re-scanned, removed the finding;
+    False when the finding (or a new error) remained; None when not verified."""
+    remaining: tuple[str, ...] = ()
+    """What the re-scan of the fixed copy still reports (``NH102 op at file:line``)."""
 
 
 @dataclass(frozen=True)
@@ -145,3 +150,18 @@ class Report:
     def exit_code(self, fail_on: str = "error") -> int:
         threshold = {Severity.ERROR} if fail_on == "error" else {Severity.ERROR, Severity.WARNING}
         return 1 if any(f.severity in threshold for f in self.findings) else 0
+
+    def render(self, fmt: str = "text", color: bool = False, width: int = 100) -> str:
+        """The report in ``fmt`` (text, json, markdown, sarif, github, junit), as the CLI prints
+        it; ``color`` and ``width`` apply to text only."""
+        from nan_hunter.report import render  # lazy: nan_hunter.report imports this module
+
+        return render(self, fmt, color=color, width=width)
+
+    def to_json(self) -> str:
+        """The JSON report (schema ``nan-hunter/report/v1``)."""
+        return self.render("json")
+
+    def to_markdown(self) -> str:
+        """The Markdown report (for a PR comment or a CI job summary)."""
+        return self.render("markdown")

@@ -54,6 +54,8 @@ def finding_dict(f: Finding) -> dict[str, Any]:
             "applicability": f.fix.applicability.value,
             "diff": f.fix.diff,
             "file": display_path(f.fix.file) if f.fix.file else None,
+            "verified": f.fix.verified,
+            "remaining": list(f.fix.remaining),
         },
         "upstream": _upstream(f.upstream),
         "notes": list(f.notes),

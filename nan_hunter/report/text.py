@@ -82,7 +82,9 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
         code = f"  {where.code}" if where else ""
         rows.append(("cause", f"{f.upstream.op}{at}{code}"))
     if f.fix is not None:
-        rows.append(("fix", f"{f.fix.title} [{f.fix.applicability.value}]"))
+        rows.append(("fix", f"{f.fix.title} [{_fix_status(f)}]"))
+        if f.fix.verified is not None and f.fix.remaining:
+            rows.append(("after fix", "; ".join(f.fix.remaining)))
     rows.extend(("also", note) for note in f.notes)
     label_width = max((len(label) for label, _ in rows), default=0)
     for label, value in rows:
@@ -90,6 +92,19 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
     if f.fix is not None and f.fix.diff:
         console.print(Syntax(f.fix.diff.rstrip("\n"), "diff", theme="ansi_dark",
                              background_color="default"))
+
+
+def _fix_status(f: Finding) -> str:
+    fix = f.fix
+    assert fix is not None
+    status = fix.applicability.value
+    if fix.verified is True:
+        return f"{status}, verified by re-scan"
+    if fix.verified is False:
+        return f"{status}, NOT verified: the re-scan still has it"
+    if fix.diff is None:
+        return f"{status}, advice only"
+    return f"{status}, not verified"
 
 
 def verdict_sentence(f: Finding) -> str:
