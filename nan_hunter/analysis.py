@@ -180,6 +180,9 @@ def analyse(
                 upstream=upstream,
                 own_inputs_finite=own,
                 producer_lines=_producer_lines(low.events, event, casts),
+                input_producers=tuple(
+                    low.events[p] for p in dict.fromkeys(event.producers) if p is not None
+                ),
             )
         )
 

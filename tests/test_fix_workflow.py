@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
+from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.fixes.apply import PatchConflict, apply_diffs, parse_hunks
 from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
@@ -55,6 +56,9 @@ VERIFIED = [
     FIXTURES / "fx_mul_overflow.py",
     FIXTURES / "fx_eps_underflow.py",
     FIXTURES / "fx_fp16_linalg.py",
+    FIXTURES / "fx_add_overflow.py",
+    FIXTURES / "fx_flush_log.py",
+    FIXTURES / "fx_atanh_rounding.py",
 ]
 
 
@@ -72,6 +76,17 @@ def test_every_precision_fix_is_verified_by_rescan(path: Path) -> None:
         assert [r.split()[0] for r in fix.remaining] == ["NH401"]
     else:
         assert fix.remaining == ()
+
+
+def test_half_mode_fix_is_verified_in_half_mode() -> None:
+    settings = load_settings(overrides={"mode": "half"})
+    path = FIXTURES / "fx_half_exp.py"
+    report = verify_fixes(
+        scan_file(str(path), settings), lambda file: scan_file(str(file), settings)
+    )
+    fix = report.findings[0].fix
+    assert fix is not None and (fix.verified, fix.remaining) == (True, ())
+    assert "torch.exp(logits.float())" in (fix.diff or "")
 
 
 def test_a_fix_that_does_not_help_is_not_verified_and_not_applied(tmp_path: Path) -> None:

@@ -47,7 +47,8 @@ def _scan(path: Path, **options: Any) -> Report:
 
 @pytest.mark.parametrize("path", OP_FIXTURES, ids=lambda p: p.stem)
 def test_first_culprit_is_exact(path: Path) -> None:
-    _assert_first_culprit(path, _expected(path), _scan(path))
+    expected = _expected(path)
+    _assert_first_culprit(path, expected, _scan(path, **expected.get("options", {})))
 
 
 @pytest.mark.parametrize("path", CPU_POLICY_FIXTURES, ids=lambda p: p.stem)
@@ -110,7 +111,7 @@ def _assert_first_culprit(path: Path, expected: dict[str, Any], report: Report) 
 def test_only_the_expected_errors(path: Path) -> None:
     """Propagation is counted, not listed: each fixture has exactly one error (or none)."""
     expected = _expected(path)
-    report = _scan(path)
+    report = _scan(path, **expected.get("options", {}))
     errors = [f for f in report.findings if f.severity is Severity.ERROR]
     assert len(errors) == (0 if expected.get("severity") == "warning" else 1), [
         (f.code, f.op, f.location) for f in errors

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from nan_hunter.api import scan_file
+from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.report import render
 from nan_hunter.report.json_report import SCHEMA, report_dict
@@ -45,16 +46,22 @@ def test_schema_rejects_a_finding_without_location() -> None:
         jsonschema.validate(data, json.loads(SCHEMA_FILE.read_text()))
 
 
+def _options(path: Path) -> dict[str, object]:
+    """Settings a fixture asks for (``EXPECTED["options"]``), e.g. half mode."""
+    text = path.read_text(encoding="utf-8")
+    return {"mode": "half"} if '"options": {"mode": "half"}' in text else {}
+
+
 GOLDEN_CASES = [
     (EXAMPLES / "matrix_inverse.py", "text"),
     (EXAMPLES / "matrix_inverse.py", "json"),
     (EXAMPLES / "attention_unscaled.py", "text"),
     (EXAMPLES / "clean_mlp.py", "text"),
-    (FIXTURES / "fx_eps_underflow.py", "text"),
-    (FIXTURES / "fx_real_nan.py", "text"),
-    (FIXTURES / "fx_backward_inf.py", "text"),
-    (FIXTURES / "fx_bad_input.py", "text"),
     (FIXTURES / "fx_out_of_range_warning.py", "json"),
+] + [  # one golden text report per rule, from its fixture
+    (p, "text")
+    for p in sorted(FIXTURES.glob("fx_*.py"))
+    if p.stem not in ("fx_user_error", "fx_shape_mismatch", "fx_clean")
 ]
 
 
@@ -62,7 +69,8 @@ GOLDEN_CASES = [
     ("path", "fmt"), GOLDEN_CASES, ids=[f"{p.stem}.{f}" for p, f in GOLDEN_CASES]
 )
 def test_golden_report(path: Path, fmt: str, update_golden: bool) -> None:
-    rendered = render(_stable(scan_file(str(path))), fmt, width=100)
+    settings = load_settings(overrides=_options(path))
+    rendered = render(_stable(scan_file(str(path), settings)), fmt, width=100)
     golden = GOLDEN / f"{path.stem}.{'txt' if fmt == 'text' else 'json'}"
     if update_golden or not golden.exists():
         golden.write_text(rendered, encoding="utf-8")

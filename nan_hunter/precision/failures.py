@@ -16,7 +16,8 @@ _LOW_PRECISION_MESSAGES = (
 @dataclass(frozen=True)
 class PolicyFailure:
     kind: str
-    """``"banned"``: refused under autocast; ``"unsupported_dtype"``: no FP16 kernel."""
+    """``"banned"``: refused under autocast; ``"unsupported_dtype"``: no FP16 kernel;
+    ``"scalar_overflow"``: a Python constant (``-1e9``) does not fit the tensor's dtype."""
     message: str
 
 
@@ -27,4 +28,6 @@ def policy_failure(exc: RuntimeError) -> PolicyFailure | None:
         return PolicyFailure("banned", text.strip().splitlines()[0])
     if any(m in text for m in _LOW_PRECISION_MESSAGES):
         return PolicyFailure("unsupported_dtype", text.strip().splitlines()[0])
+    if "cannot be converted to type" in text and "without overflow" in text:
+        return PolicyFailure("scalar_overflow", text.strip().splitlines()[0])
     return None

@@ -5,6 +5,8 @@ from nan_hunter.rules import (  # noqa: F401
     nh101_cast_overflow,
     nh102_matmul_overflow,
     nh103_statistics_overflow,
+    nh104_mask_constant,
+    nh105_transcendental,
     nh109_overflow,
     nh201_eps_underflow,
     nh202_flush_to_zero,

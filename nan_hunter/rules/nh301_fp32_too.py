@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Kind
+from nan_hunter.findings import Kind, Phase
 from nan_hunter.rules._messages import output_damage
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
+from nan_hunter.trace.stats import format_number
 
 _DOMAIN_HINTS = {
     "log": "the log of a negative number or of 0",
@@ -19,6 +20,26 @@ _DOMAIN_HINTS = {
     "asin": "asin outside [-1, 1]",
     "pow": "a negative base to a fractional power",
 }
+
+
+def _operand(c: Candidate) -> str:
+    """Name the operand that makes the op invalid, from the FP32 reference's inputs."""
+    inputs = c.reference.inputs if c.reference is not None else c.event.inputs
+    if not inputs or c.phase is not Phase.FORWARD:
+        return ""
+    if c.op_name in ("log", "log2", "log10", "sqrt", "rsqrt"):
+        first = inputs[0]
+        if first.min is not None and first.min < 0:
+            return f": its input goes down to {format_number(first.min)}"
+        if first.min == 0:
+            return ": its input contains 0"
+    if c.op_name in ("truediv", "div", "reciprocal") and len(inputs) > 1:
+        divisor = inputs[-1]
+        if divisor.zeros:
+            return f": the divisor holds {divisor.zeros} zeros"
+    if any(not s.finite for s in inputs):
+        return ": an input is already non-finite in FP32 (inf - inf, 0 * inf)"
+    return ""
 
 
 @register
@@ -59,7 +80,7 @@ of the data. nan-hunter suggests no autocast patch for this rule.
         cause = f", likely {hint}" if hint else ""
         return (
             f"{c.event.op} gets {output_damage(c)} in FP32 as well: not a precision problem"
-            f"{cause}"
+            f"{cause}{_operand(c)}"
         )
 
     def fix(self, c: Candidate) -> FixPlan:

@@ -45,4 +45,20 @@ Compute the op in FP32 (the patch wraps the statement in an autocast-disabled re
     def fix(self, c: Candidate) -> FixPlan | None:
         if c.ref_finite is not True:
             return None
+        if c.own_inputs_finite is False:
+            # Even FP32 fails on the op's own FP16 inputs: the precision was lost upstream, so
+            # the ops that made those inputs go into the FP32 region too.
+            here = c.event.location
+            producers = [
+                p for p in c.input_producers
+                if p.location is not None and here is not None and p.location.file == here.file
+            ]
+            return FixPlan(
+                title=f"Compute {c.event.op} and the ops feeding it in FP32 (autocast disabled)",
+                region=True,
+                extra_lines=tuple(p.location.line for p in producers if p.location),
+                upcast_sites=tuple(
+                    (p.location.line, p.op, len(p.inputs)) for p in producers if p.location
+                ),
+            )
         return FixPlan(title=f"Compute {c.event.op} in FP32 (autocast disabled)", region=True)

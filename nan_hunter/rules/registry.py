@@ -63,6 +63,8 @@ class Candidate:
     """Loss scales that keep the FP16 gradients healthy (emulated backward only)."""
     grad_scale: float = 1.0
     """The loss scale the backward ran with."""
+    input_producers: tuple[OpEvent, ...] = ()
+    """The ops that produced this op's inputs (forward only)."""
 
     @property
     def ref_finite(self) -> bool | None:
