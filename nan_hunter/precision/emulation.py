@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
+from nan_hunter._nest import leaves, map_leaves
 from nan_hunter.precision.gradients import GradientLog
 
 aten = torch.ops.aten
@@ -88,7 +88,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
         def up(x: Any) -> Any:
             return x.float() if isinstance(x, torch.Tensor) and x.dtype == low else x
 
-        out = func(*tree_map(up, args), **tree_map(up, kwargs))
+        out = func(*map_leaves(up, args), **map_leaves(up, kwargs))
         keep = _fp32_outputs(func, args)
 
         def down(x: Any) -> Any:
@@ -101,7 +101,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
             return out if 0 in keep else down(out)
         if isinstance(out, (tuple, list)):
             return type(out)(x if i in keep else down(x) for i, x in enumerate(out))
-        return tree_map(down, out)
+        return map_leaves(down, out)
 
     def _eligible_op(self, func: torch._ops.OpOverload) -> bool:
         decision = self._decisions.get(func)
@@ -112,7 +112,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
 
     def _all_low(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         seen = False
-        for x in tree_flatten((args, kwargs))[0]:
+        for x in leaves((args, kwargs)):
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 if x.dtype != self.low:
                     return False
@@ -167,7 +167,7 @@ def _retarget_dtypes(
             return torch.float32
         return x
 
-    new_args, new_kwargs = tree_map(retarget, (args, kwargs))
+    new_args, new_kwargs = map_leaves(retarget, (args, kwargs))
     return new_args, new_kwargs, ok
 
 

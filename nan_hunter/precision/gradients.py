@@ -10,6 +10,7 @@ gradient overflows and little underflows, the window a ``GradScaler`` should sta
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from nan_hunter.precision.formats import FloatFormat
-from nan_hunter.trace.stats import format_number
+from nan_hunter.trace.stats import SAMPLE, format_number
 
 _EXP_OFFSET = 160  # frexp exponents of FP32 values lie in [-148, 129]
 _EXP_BINS = 300
@@ -108,17 +109,26 @@ class GradientLog:
         self.max_abs = max(self.max_abs, abs(lo_f), abs(hi_f))
         if self._sizes is not None and rounded.numel() not in self._sizes:
             return
-        zeros = exact.numel() - int(torch.count_nonzero(exact))
-        exponents = torch.frexp(exact).exponent.to(torch.int64).add_(_EXP_OFFSET)
-        counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1).reshape(-1),
-                                minlength=_EXP_BINS)
+        # Shares are all the window and the underflow check need: a strided sample of large
+        # gradients gives them, at a fixed cost per tensor.
+        flat_exact = exact.reshape(-1)
+        flat_rounded = rounded.detach().reshape(-1)
+        step = max(1, flat_exact.numel() // SAMPLE)
+        if step > 1:
+            flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
+        zeros = flat_exact.numel() - int(torch.count_nonzero(flat_exact))
+        exponents = torch.frexp(flat_exact).exponent.to(torch.int64).add_(_EXP_OFFSET)
+        counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1), minlength=_EXP_BINS)
         counts[_EXP_OFFSET] -= zeros  # frexp(0) has exponent 0
         histogram = tuple(counts.tolist())
-        nonzero = exact.numel() - zeros
+        nonzero = flat_exact.numel() - zeros
         limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
         below_normal = sum(histogram[: limit + 1])
-        vanished = max(0, rounded.numel() - int(torch.count_nonzero(rounded)) - zeros)
+        vanished = max(0, flat_rounded.numel() - int(torch.count_nonzero(flat_rounded)) - zeros)
         flush = FlushStats(nonzero, vanished, max(0, below_normal - vanished))
+        if step > 1:  # counts of the whole tensor, estimated
+            scale = exact.numel() / flat_exact.numel()
+            flush = FlushStats(*(round(n * scale) for n in (nonzero, vanished, flush.subnormal)))
         self.records[rounded] = GradRecord(flush, histogram)
 
     def inherit(self, source: torch.Tensor, target: torch.Tensor) -> None:
@@ -140,31 +150,30 @@ class GradientLog:
         shift = math.log2(current_scale)
         limit = math.log2(self._fmt.smallest_normal)
         true_max = self.max_abs / current_scale
-        histograms = [r.histogram for r in parameters if r.histogram]
+        cumulative = [list(itertools.accumulate(r.histogram)) for r in parameters if r.histogram]
         ks = []
         for k in range(-40, 41):
             if true_max * 2.0**k > self._fmt.max:
                 continue
             if all(
-                _lost_share(h, k - shift, limit) <= max_underflow_share for h in histograms
+                _lost_share(c, k - shift, limit) <= max_underflow_share for c in cumulative
             ):
                 ks.append(k)
         if not ks:
             return ScaleWindow(None, None, current_scale, self.max_abs)
-        low = min(ks) if histograms and min(ks) > -40 else None
+        low = min(ks) if cumulative and min(ks) > -40 else None
         return ScaleWindow(low, max(ks), current_scale, self.max_abs)
 
 
-def _lost_share(histogram: tuple[int, ...], shift: float, limit: float) -> float:
+def _lost_share(cumulative: list[int], shift: float, limit: float) -> float:
     """Share of values below ``2**limit`` once multiplied by ``2**shift``: a value with binary
-    exponent e lies in [2**(e-1), 2**e), so it is lost when e + shift <= limit."""
-    total = sum(histogram)
-    lost = sum(
-        count
-        for index, count in enumerate(histogram)
-        if count and (index - _EXP_OFFSET) + shift <= limit
-    )
-    return lost / total if total else 0.0
+    exponent e lies in [2**(e-1), 2**e), so it is lost when e + shift <= limit.
+    ``cumulative`` is the running sum of an exponent histogram."""
+    total = cumulative[-1]
+    last = math.floor(limit - shift) + _EXP_OFFSET  # the highest lost bin
+    if total == 0 or last < 0:
+        return 0.0
+    return cumulative[min(last, len(cumulative) - 1)] / total
 
 
 def scale_advice(window: ScaleWindow, fmt: FloatFormat) -> str:

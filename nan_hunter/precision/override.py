@@ -15,8 +15,8 @@ from types import TracebackType
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
+from nan_hunter._nest import leaves, map_leaves
 from nan_hunter.precision.emulation import explicit_dtype
 from nan_hunter.precision.policy import Cast, Policy
 
@@ -113,7 +113,7 @@ class PolicyOverride:
             else:
                 fn = _identity
             with torch._C._ExcludeDispatchKeyGuard(exclude):
-                return op(*tree_map(fn, args), **tree_map(fn, kwargs))
+                return op(*map_leaves(fn, args), **map_leaves(fn, kwargs))
 
         return kernel
 
@@ -123,7 +123,7 @@ def _identity(x: Any) -> Any:
 
 
 def _widest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype:
-    dtypes = [x.dtype for x in tree_flatten((args, kwargs))[0] if _eligible(x)]
+    dtypes = [x.dtype for x in leaves((args, kwargs)) if _eligible(x)]
     if torch.float32 in dtypes:
         return torch.float32
     return dtypes[0] if dtypes else torch.float32

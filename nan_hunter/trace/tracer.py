@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
+from nan_hunter._nest import leaves
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
@@ -95,8 +96,8 @@ class OpTracer(TorchFunctionMode):
         if self._paused:
             return func(*args, **kwargs)
         name = _base_name(func)
-        leaves, _ = tree_flatten((args, kwargs))
-        in_tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        flat = list(leaves((args, kwargs)))
+        in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         if name in _VIEW_OPS:
             out = func(*args, **kwargs)
             self._inherit_producer(out, in_tensors)
@@ -112,14 +113,14 @@ class OpTracer(TorchFunctionMode):
                 raise
             # CUDA would stop here; report it and carry on in FP32 so the scan goes on.
             out = _run_in_fp32(func, args, kwargs)
-        out_tensors = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
         if _is_inplace(name, kwargs) and in_tensors:
             self._stats.pop(in_tensors[0], None)
             if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
                 out_tensors = [in_tensors[0]]
         if not out_tensors:
             return out
-        self._record(func, args, kwargs, leaves, in_stats, producers, out_tensors, failure)
+        self._record(func, args, kwargs, flat, in_stats, producers, out_tensors, failure)
         return out
 
     def _record(
@@ -127,7 +128,7 @@ class OpTracer(TorchFunctionMode):
         func: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        leaves: list[Any],
+        flat: list[Any],
         in_stats: tuple[TensorStats, ...],
         producers: tuple[int | None, ...],
         out_tensors: list[torch.Tensor],
@@ -154,7 +155,7 @@ class OpTracer(TorchFunctionMode):
             inputs=in_stats,
             outputs=tuple(out_stats),
             producers=producers,
-            scalars=tuple(float(x) for x in leaves if type(x) is float),
+            scalars=tuple(float(x) for x in flat if type(x) is float),
             key=(*site, self._occurrences[site]),
             in_loss=self.in_loss,
             autocast=any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
@@ -185,13 +186,13 @@ class OpTracer(TorchFunctionMode):
         source = self._producer.get(in_tensors[0])
         if source is None:
             return
-        for t in tree_flatten(out)[0]:
+        for t in leaves(out):
             if isinstance(t, torch.Tensor):
                 self._producer[t] = source
 
     def mark_escaped(self, output: Any) -> None:
         """Record the producers of a module's output: values the next layer may cast."""
-        for t in tree_flatten(output)[0]:
+        for t in leaves(output):
             if isinstance(t, torch.Tensor):
                 index = self._producer.get(t)
                 if index is not None:
