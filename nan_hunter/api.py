@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ import torch
 
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
+from nan_hunter.errors import ConfigError
 from nan_hunter.findings import Report
-from nan_hunter.loader import Names, Target, as_batch, load_target
+from nan_hunter.loader import Names, Target, as_batch, load_target, unwrap_model
 from nan_hunter.runner import LossFn
 
 
@@ -24,32 +26,107 @@ def scan(
     config_file: Path | None = None,
     **options: Any,
 ) -> Report:
-    """Scan ``model`` on ``batch`` (a Tensor, tuple or dict, as ``sample_batch`` returns).
+    """Scan ``model`` on ``batch`` under emulated FP16 autocast and return the ``Report``.
 
-    ``options`` are settings by name (``dtype="bfloat16"``, ``backward=False``, ...), applied on
-    top of ``settings`` or of ``configs/default.yaml`` and ``config_file``. The model is left
-    bit-identical.
+    ``batch`` is what ``sample_batch()`` returns in a model file: a Tensor (``model(x)``), a tuple
+    or list (positional arguments) or a dict with string keys (keyword arguments). ``loss_fn(output,
+    batch)`` returns a scalar tensor; without it the loss is the sum of the means of all
+    floating-point tensors in the output (a model that returns its own scalar loss needs none).
+
+    ``options`` are settings by name, as in ``configs/default.yaml`` and the CLI flags; they apply
+    on top of ``settings`` when given, else on top of the defaults and ``config_file``:
+
+    - ``dtype``: ``"float16"`` (default) or ``"bfloat16"``; ``torch.float16``/``torch.bfloat16``
+      are accepted too.
+    - ``device``: ``"auto"`` (default: cuda when available), ``"cpu"`` or ``"cuda"``.
+    - ``mode``: ``"autocast"`` (default) or ``"half"`` (model and batch in FP16, no autocast).
+    - ``policy``: whose autocast op lists to apply: ``"cuda"`` (default, also on a CPU),
+      ``"cpu"`` or ``"native"``.
+    - ``numerics``: on a CPU, ``"emulated"`` (default: FP32 kernels, FP16 rounding) or ``"real"``.
+    - ``backward``: run the backward too (default True).
+    - ``grad_scale``: loss scale for the backward, as ``GradScaler`` applies it (default None).
+    - ``select``, ``ignore``: rule codes or prefixes (a string or a sequence: ``ignore=["NH5"]``).
+    - ``underflow_share``, ``underflow_min_count``, ``max_warnings``, ``upstream_depth``,
+      ``grad_underflow_share``: thresholds, see ``configs/default.yaml``.
+    - ``fail_on``: ``"error"`` or ``"warning"``: the CLI's exit-code threshold (the report lists
+      both severities; ``Report.exit_code(fail_on)`` applies one).
+
+    An unknown option or a bad value raises ``nan_hunter.errors.ConfigError``, an error in the
+    model's own code ``nan_hunter.errors.UserCodeError``. A model wrapped by
+    ``torch.compile``, ``DataParallel`` or ``DistributedDataParallel`` is unwrapped and its
+    original module scanned. The model is left bit-identical (parameters, buffers, ``.grad``,
+    train/eval mode, hooks, ``requires_grad``).
     """
-    if settings is None:
-        settings = load_settings(config_file, options)
-    elif options:
-        settings = load_settings(config_file, {**_as_overrides(settings), **options})
-    source = inspect.getsourcefile(type(model)) or "<model>"
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"nan_hunter.scan(): model must be a torch.nn.Module, got {type(model)}")
+    options = _check_options(options)
+    try:
+        if settings is None:
+            settings = load_settings(config_file, options)
+        elif options:
+            settings = load_settings(config_file, {**_as_overrides(settings), **options})
+    except ConfigError as exc:
+        raise ConfigError(_as_api_message(str(exc))) from None
+    model, unwrapped = unwrap_model(model)
+    source = _source_file(model)
     target = Target(
         model=model,
         batch=as_batch(batch, source="batch"),
         loss_fn=loss_fn,
-        file=Path(source).resolve() if source != "<model>" else Path(source),
+        file=source,
         module_name=type(model).__module__,
+        unwrapped=unwrapped,
     )
     return scan_target(target, settings)
 
 
+_OPTIONS = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "sources")
+
+
+def _check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Unknown names are an error; torch dtypes and sequences of codes are taken as such."""
+    checked: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in _OPTIONS:
+            raise ConfigError(
+                f"nan_hunter.scan(): unknown option {name!r} (known options: "
+                f"{', '.join(sorted(_OPTIONS))})"
+            )
+        if isinstance(value, torch.dtype):
+            value = str(value).removeprefix("torch.")
+        elif isinstance(value, (tuple, list, set, frozenset)):
+            value = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+        checked[name] = value
+    return checked
+
+
+def _as_api_message(message: str) -> str:
+    """Config errors name their origin; options given to ``scan`` are not the command line."""
+    prefix = "command line: "
+    if message.startswith(prefix):
+        return "nan_hunter.scan(): " + message.removeprefix(prefix)
+    return message
+
+
+def _source_file(model: torch.nn.Module) -> Path:
+    """The file defining the model's class (the patch is written against it), or ``<model>``
+    when its source is not available (a class defined in ``python -c`` or in a REPL)."""
+    try:
+        source = inspect.getsourcefile(type(model))
+    except (TypeError, OSError):
+        source = None
+    if not source:
+        return Path("<model>")
+    if source.startswith("<"):  # <stdin>, <string>: a pseudo-file, not a path to resolve
+        return Path(source)
+    return Path(source).resolve()
+
+
 def _as_overrides(settings: Settings) -> dict[str, Any]:
     return {
-        name: getattr(settings, name)
-        for name in settings.__dataclass_fields__
-        if name != "sources"
+        name: list(value) if isinstance(value, tuple) else value
+        for name in _OPTIONS
+        if (value := getattr(settings, name)) is not None
     }
 
 

@@ -4,6 +4,10 @@ The file (a path, or ``pkg.module``) defines ``build_model()``, ``sample_batch()
 ``loss_fn(output, batch)``; the names can be changed. It is imported with its folder first on
 ``sys.path``, restored afterwards. Weights and saved batches are loaded with
 ``torch.load(..., weights_only=True)`` (or safetensors), never with pickle.
+
+A model wrapped by ``torch.compile`` (an ``OptimizedModule``, the original in ``_orig_mod``) or by
+``DataParallel``/``DistributedDataParallel`` (the original in ``.module``) is unwrapped: the scan
+traces the original module's eager code, and ``Target.unwrapped`` says which wrappers were removed.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import importlib
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +40,8 @@ class Target:
     file: Path
     """The model file (the patch is written against it)."""
     module_name: str
+    unwrapped: tuple[str, ...] = ()
+    """Wrappers removed from the model as built, outermost first (see ``unwrap_model``)."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +63,15 @@ def load_target(
     file = Path(module.__file__ or spec).resolve()
     build = _function(module, names.model_fn, "--model-fn", required=True)
     assert build is not None
-    model = _call_user(build, names.model_fn)
-    if not isinstance(model, torch.nn.Module):
+    built = _call_user(build, names.model_fn)
+    if not isinstance(built, torch.nn.Module):
         raise LoadError(
             f"{names.model_fn}() in {file.name} must return a torch.nn.Module, "
-            f"got {type(model).__name__}"
+            f"got {type(built).__name__}"
         )
     if weights is not None:
-        load_weights(model, weights)
+        load_weights(built, weights)
+    model, unwrapped = unwrap_model(built)
     if batch_file is not None:
         raw = load_tensors(batch_file, what="batch")
     else:
@@ -73,7 +80,51 @@ def load_target(
         raw = _call_user(make_batch, names.batch_fn)
     batch = as_batch(raw, source=f"{names.batch_fn}()" if batch_file is None else str(batch_file))
     loss = _function(module, names.loss_fn, "--loss-fn", required=False)
-    return Target(model=model, batch=batch, loss_fn=loss, file=file, module_name=module.__name__)
+    return Target(
+        model=model,
+        batch=batch,
+        loss_fn=loss,
+        file=file,
+        module_name=module.__name__,
+        unwrapped=unwrapped,
+    )
+
+
+def unwrap_model(model: torch.nn.Module) -> tuple[torch.nn.Module, tuple[str, ...]]:
+    """The module a wrapper runs, and a note per wrapper removed (outermost first).
+
+    ``torch.compile`` returns an ``OptimizedModule`` whose original module is ``_orig_mod``;
+    tracing the compiled one would trace dynamo, not the user's ops. ``DataParallel`` and
+    ``DistributedDataParallel`` hold theirs in ``.module`` (the scan runs on one device). The
+    parameters are shared, so the model as built is still the one left bit-identical.
+    """
+    notes: list[str] = []
+    seen: set[int] = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        inner = _wrapped(model)
+        if inner is None:
+            break
+        attribute, kind = inner
+        notes.append(
+            f"{kind}: scanned the original module {type(getattr(model, attribute)).__name__} "
+            f"({type(model).__name__}.{attribute})"
+        )
+        model = getattr(model, attribute)
+    return model, tuple(notes)
+
+
+def _wrapped(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(attribute holding the original module, what wraps it), or None for a plain module."""
+    if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+        return ("module", type(model).__name__) if _is_module(model, "module") else None
+    if _is_module(model, "_orig_mod"):  # torch._dynamo.eval_frame.OptimizedModule
+        return "_orig_mod", "torch.compile"
+    return None
+
+
+def _is_module(model: torch.nn.Module, attribute: str) -> bool:
+    return isinstance(model._modules.get(attribute), torch.nn.Module)
 
 
 def as_batch(raw: Any, source: str) -> Batch:
@@ -81,7 +132,7 @@ def as_batch(raw: Any, source: str) -> Batch:
         return Batch(args=(raw,), kwargs={}, raw=raw)
     if isinstance(raw, (tuple, list)):
         return Batch(args=tuple(raw), kwargs={}, raw=raw)
-    if isinstance(raw, dict):
+    if isinstance(raw, Mapping):  # a dict, or a mapping such as transformers' BatchEncoding
         bad = [k for k in raw if not isinstance(k, str)]
         if bad:
             raise LoadError(f"{source} returned a dict whose keys are not all strings: {bad[0]!r}")
@@ -190,9 +241,17 @@ def load_tensors(path: Path, *, what: str) -> Any:
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load a state_dict into ``model``. For a wrapped model (``torch.compile``, DataParallel),
+    the state_dict may be the wrapper's (``_orig_mod.``/``module.`` prefixes) or the original
+    module's: it goes into whichever has exactly its keys."""
     state = load_tensors(path, what="weights")
     if not isinstance(state, dict):
         raise LoadError(f"weights file {path} holds a {type(state).__name__}, not a state_dict")
+    chain = [model]
+    while (inner := _wrapped(chain[-1])) is not None and len(chain) < 8:
+        chain.append(getattr(chain[-1], inner[0]))
+    keys = set(state)
+    model = next((m for m in chain if set(m.state_dict()) == keys), model)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

@@ -1,0 +1,1 @@
+"""Hard inputs for nan-hunter: model files that wrap, protect or restructure their models."""
