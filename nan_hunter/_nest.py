@@ -6,6 +6,7 @@ every traced op. Other objects are leaves.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,21 @@ def leaves(obj: Any) -> Iterator[Any]:
     elif isinstance(obj, dict):
         for item in obj.values():
             yield from leaves(item)
+    else:
+        yield obj
+
+
+def output_leaves(obj: Any) -> Iterator[Any]:
+    """Like ``leaves``, also through dataclasses (a module may return one)."""
+    if isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from output_leaves(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from output_leaves(item)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from output_leaves(getattr(obj, f.name))
     else:
         yield obj
 

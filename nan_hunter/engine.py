@@ -66,7 +66,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
     log = GradientLog(fmt) if plan.emulate and settings.backward else None
     low = run_pass(
         model,
-        batch,
+        _fresh(batch),
         target.loss_fn,
         plan.low_precision(),
         fmt,
@@ -81,7 +81,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
     if forward_origins(low) or backward_origins(low) or failures(low):
         ref = run_pass(
             model,
-            batch,
+            _fresh(batch),
             target.loss_fn,
             fp32_context(device),
             fmt,
@@ -131,7 +131,7 @@ def _scale_window(
         log = GradientLog(plan.fmt)
         measured = run_pass(
             model,
-            batch,
+            _fresh(batch),
             target.loss_fn,
             plan.low_precision(),
             plan.fmt,
@@ -146,6 +146,19 @@ def _scale_window(
 
 def _order(f: Finding) -> tuple[int, int]:
     return (0 if f.phase is Phase.FORWARD else 1, f.op_index or 0)
+
+
+def _fresh(batch: Batch) -> Batch:
+    """A copy of the batch for one pass: a model that writes into its inputs must not change
+    the next pass's inputs, nor the caller's batch."""
+
+    def copy(x: Any) -> Any:
+        return x.clone() if isinstance(x, torch.Tensor) else x
+
+    return Batch(
+        args=tree_map(copy, batch.args), kwargs=tree_map(copy, batch.kwargs),
+        raw=tree_map(copy, batch.raw),
+    )
 
 
 def _batch_on(batch: Batch, device: str) -> Batch:
@@ -163,12 +176,12 @@ def check_batch(batch: Batch, fmt: FloatFormat) -> list[Finding]:
     named += [(f"kwargs[{k!r}]", x) for k, x in batch.kwargs.items()]
     findings = []
     for name, value in _named_tensors(named):
-        if not value.is_floating_point() or value.numel() == 0:
+        if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
             continue
         bad = ~torch.isfinite(value)
         if not bool(bad.any()):
             continue
-        stats = tensor_stats(value, fmt)
+        stats = tensor_stats(torch.view_as_real(value) if value.is_complex() else value, fmt)
         indices = [[int(i) for i in row] for row in torch.nonzero(bad)[:5].tolist()]
         findings.append(
             Finding(
@@ -281,12 +294,7 @@ def _bf16_alternative(c: Candidate, kind: Kind) -> tuple[str, ...]:
 
 def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Finding]:
     """NH501 (FP32 results beyond range, not cast) and NH502 (subnormal share), one per site."""
-    cast_producers = {
-        e.producers[i]
-        for e in forward_origins(low)
-        for i in cast_inputs(e, fmt)
-        if e.producers[i] is not None
-    }
+    cast_producers = _cast_chains(low, fmt)
     found: list[Finding] = []
     seen: set[tuple[str, str, str, int]] = set()
     for event in low.events:
@@ -328,6 +336,30 @@ def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Fin
                 outputs=event.outputs,
                 op_index=event.index,
             )
+        )
+    return found
+
+
+def _cast_chains(low: PassResult, fmt: FloatFormat) -> set[int]:
+    """Ops whose out-of-range output reaches an NH101 cast, directly or through ops that pass
+    the value on (ReLU, an eval-mode Dropout): NH101 already blames them, no NH501 too."""
+    found: set[int] = set()
+    stack = [
+        e.producers[i]
+        for e in forward_origins(low)
+        for i in cast_inputs(e, fmt)
+        if e.producers[i] is not None
+    ]
+    while stack:
+        index = stack.pop()
+        if index is None or index in found:
+            continue
+        event = low.events[index]
+        if not any(s.exceeds(fmt.max) for s in event.outputs):
+            continue
+        found.add(index)
+        stack.extend(
+            p for p, s in zip(event.producers, event.inputs, strict=False) if s.exceeds(fmt.max)
         )
     return found
 

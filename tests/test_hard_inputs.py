@@ -193,12 +193,6 @@ class Unwrapper(nn.Module):
         return self.fc(e.log())
 
 
-_NOT_PYTREE = (
-    "nan_hunter/trace/tracer.py OpTracer.mark_escaped collects a module's output tensors with "
-    "nan_hunter._nest.leaves (tuples, lists, dicts only; torch pytree before), which treats a "
-    "dataclass as a leaf: the FP32 value inside never counts as leaving its module, so NH501 is "
-    "not reported"
-)
 
 
 @pytest.mark.parametrize(
@@ -207,7 +201,7 @@ _NOT_PYTREE = (
         "tensor",
         "tuple",
         "dict",
-        pytest.param("dataclass", marks=pytest.mark.xfail(strict=True, reason=_NOT_PYTREE)),
+        "dataclass",
         "model_output",
     ],
 )
@@ -345,14 +339,8 @@ def test_mapping_batch_like_batch_encoding_becomes_kwargs() -> None:
     assert _loss(report) == pytest.approx(expected, rel=1e-6)
 
 
-_COMPLEX_INPUT = (
-    "nan_hunter/engine.py check_batch skips every tensor that is not is_floating_point(), so NaN "
-    "in a complex batch tensor is not NH001 bad_input; the scan blames the first op reading it "
-    "(NH301 on Tensor.real)"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=_COMPLEX_INPUT)
 def test_nan_in_a_complex_batch_tensor_is_bad_input() -> None:
     batch = _mixed_batch()
     batch["c"] = torch.tensor([1 + 1j, complex(float("nan"), 0.0), 2j], dtype=torch.complex64)
@@ -425,13 +413,6 @@ class MutatesItsInput(nn.Module):
         return self.fc(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nan_hunter/engine.py scan_target passes the same Batch to the FP16 pass and the "
-    "FP32 reference pass (runner.run_pass calls model(*batch.args) on the user's tensors), so a "
-    "model that mutates its input in place sees 1e5 in the first pass and 1e8 in the FP32 rerun, "
-    "and the caller's batch is left multiplied twice",
-)
 def test_model_that_mutates_its_batch_in_place() -> None:
     batch = torch.full((2, 4), 100.0)
     report = nan_hunter.scan(MutatesItsInput(), batch)
@@ -749,13 +730,6 @@ def test_eval_mode_uses_running_stats_and_stays_eval() -> None:
     _assert_same(before, _snapshot(model))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nan_hunter/engine.py _warnings: cast_producers holds only the direct producer of a "
-    "cast operand; with an eval-mode Dropout (identity) between BatchNorm and the Linear, the "
-    "Dropout is that producer, so batch_norm's out-of-range FP32 output, which NH101 already "
-    "blames, is also reported as NH501",
-)
 def test_eval_mode_dropout_between_does_not_add_a_warning() -> None:
     torch.manual_seed(0)
     model = Normed(dropout=True).eval()

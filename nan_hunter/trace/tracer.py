@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nan_hunter._nest import leaves
+from nan_hunter._nest import leaves, output_leaves
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
@@ -192,7 +192,7 @@ class OpTracer(TorchFunctionMode):
 
     def mark_escaped(self, output: Any) -> None:
         """Record the producers of a module's output: values the next layer may cast."""
-        for t in leaves(output):
+        for t in output_leaves(output):
             if isinstance(t, torch.Tensor):
                 index = self._producer.get(t)
                 if index is not None:
