@@ -47,6 +47,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
         dtype=settings.dtype,
         device=device,
         policy=settings.policy,
+        notes=target.unwrapped,
     )
     model = target.model.to(device)
     batch = _batch_on(target.batch, device)

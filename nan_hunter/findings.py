@@ -115,6 +115,8 @@ class ScanTarget:
     dtype: str
     device: str
     policy: str
+    notes: tuple[str, ...] = ()
+    """How the model was taken: wrappers removed (torch.compile, DataParallel)."""
 
 
 @dataclass(frozen=True)

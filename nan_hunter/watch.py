@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import enum
 import math
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -220,6 +221,34 @@ def _params_finite(model: torch.nn.Module) -> bool:
 # --------------------------------------------------------------------------- the watcher
 
 
+def _first_grad(params: list[torch.Tensor]) -> torch.Tensor | None:
+    return next((p.grad for p in params if p.grad is not None), None)
+
+
+@dataclass(frozen=True)
+class _HookSeen:
+    """What the optimizer pre-hook found, tied to the gradient tensors it looked at: a later
+    ``w.step`` only uses it for the very same gradients (same tensor, unchanged version)."""
+
+    ok: bool
+    snapshot: torch.nn.Module | None
+    grad: weakref.ref[torch.Tensor] | None
+    version: int
+
+    @classmethod
+    def of(cls, params: list[torch.Tensor], ok: bool,
+           snapshot: torch.nn.Module | None) -> _HookSeen:
+        g = _first_grad(params)
+        return cls(ok, snapshot, weakref.ref(g) if g is not None else None,
+                   g._version if g is not None else -1)
+
+    def same_gradients(self, params: list[torch.Tensor]) -> bool:
+        g = _first_grad(params)
+        if g is None or self.grad is None:
+            return g is None and self.grad is None
+        return self.grad() is g and g._version == self.version
+
+
 def _scan_settings(settings: Settings | None, options: dict[str, Any]) -> Settings:
     """``settings`` (or the defaults) with ``options`` applied; options are validated as
     config keys, so a typo fails when the watcher is made, not at the first problem."""
@@ -279,8 +308,7 @@ class Watcher:
             else None
         )
         self._handles: list[RemovableHandle] = []
-        self._hook_grads_ok: bool | None = None
-        self._snapshot: torch.nn.Module | None = None
+        self._seen: _HookSeen | None = None
 
     @property
     def skipped(self) -> int:
@@ -308,19 +336,20 @@ class Watcher:
             for handle in handles:
                 handle.remove()
         finally:
-            self._snapshot = None
-            self._hook_grads_ok = None
+            self._seen = None
 
     def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Optimizer step pre-hook: are the gradients about to be applied finite? (With an
-        enabled GradScaler, ``scaler.step`` only calls ``optimizer.step`` when they are.)"""
+        """Optimizer step pre-hook: are the gradients about to be applied finite? If not, copy
+        the model before the update writes them into the weights. (With an enabled GradScaler,
+        ``scaler.step`` only calls ``optimizer.step`` when they are finite.)"""
         if self._scale is not None:
             return
         flag = grads_finite_flag(self._params)
         ok = flag is None or bool(flag)
-        self._hook_grads_ok = ok if self._hook_grads_ok is None else (self._hook_grads_ok and ok)
-        if not ok and self._snapshot is None and len(self.reports) < self.max_reports:
-            self._snapshot = copy.deepcopy(self.model)
+        snapshot = None
+        if not ok and len(self.reports) < self.max_reports:
+            snapshot = copy.deepcopy(self.model)
+        self._seen = _HookSeen.of(self._params, ok, snapshot)
 
     # ------------------------------------------------------------------ the per-step check
 
@@ -334,8 +363,11 @@ class Watcher:
         Returns the event when this step is a problem, else None."""
         index = self.steps
         self.steps += 1
-        hook_ok, self._hook_grads_ok = self._hook_grads_ok, None
-        snapshot, self._snapshot = self._snapshot, None
+        seen, self._seen = self._seen, None
+        if seen is not None and not seen.same_gradients(self._params):
+            seen = None  # the hook saw another step's gradients (w.step came before the update)
+        hook_ok = seen.ok if seen is not None else None
+        snapshot = seen.snapshot if seen is not None else None
 
         flags: list[torch.Tensor] = []
         if loss is not None:

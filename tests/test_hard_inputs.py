@@ -506,6 +506,8 @@ def test_compiled_model_file_scans_the_original_module() -> None:
     )
     report = scan_file(str(path))
     assert _codes(report) == ["NH102"]
+    assert report.target.notes == target.unwrapped  # the report says so
+    assert "note  torch.compile: scanned the original module" in report.render()
     (finding,) = report.findings
     assert (finding.op, finding.module) == ("torch.nn.functional.linear", "fc")
     assert finding.location is not None

@@ -75,6 +75,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             "dtype": t.dtype,
             "device": t.device,
             "policy": t.policy,
+            "notes": list(t.notes),
         },
         "status": report.status,
         "findings": [finding_dict(f) for f in report.findings],

@@ -33,6 +33,8 @@ def render_text(report: Report, *, color: bool = False, width: int = 100) -> str
         f"[bold]nan-hunter[/] {escape(display_path(t.file))}: {t.mode} {t.dtype} on {t.device} "
         f"(policy {t.policy})"
     )
+    for note in t.notes:
+        console.print(f"  [dim]note[/]  {escape(note)}")
     errors = [f for f in report.findings if f.severity is Severity.ERROR]
     warnings = [f for f in report.findings if f.severity is not Severity.ERROR]
     for finding in errors:
