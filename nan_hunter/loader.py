@@ -144,12 +144,16 @@ def as_batch(raw: Any, source: str) -> Batch:
 
 @contextmanager
 def _folder_on_path(folder: Path) -> Iterator[None]:
+    """``folder`` first on ``sys.path``; no ``__pycache__`` written next to the user's files."""
     saved = list(sys.path)
+    saved_bytecode = sys.dont_write_bytecode
     sys.path.insert(0, str(folder))
+    sys.dont_write_bytecode = True
     try:
         yield
     finally:
         sys.path[:] = saved
+        sys.dont_write_bytecode = saved_bytecode
 
 
 def import_user_module(spec: str) -> ModuleType:

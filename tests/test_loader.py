@@ -550,3 +550,23 @@ def test_corrupt_safetensors_file(tmp_path: Path) -> None:
     weights.write_bytes(b"not a safetensors file")
     with pytest.raises(LoadError, match=r"^cannot read weights file "):
         load_target(str(path), weights=weights)
+
+
+def test_import_writes_no_bytecode_next_to_the_users_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    (tmp_path / "helper_mod_nb.py").write_text(
+        "import torch\n\ndef make():\n    return torch.nn.Linear(4, 2)\n"
+    )
+    (tmp_path / "model_nb.py").write_text(
+        "import torch\nfrom helper_mod_nb import make\n\n"
+        "def build_model():\n    return make()\n\n"
+        "def sample_batch():\n    return torch.ones(2, 4)\n"
+    )
+    try:
+        load_target(str(tmp_path / "model_nb.py"))
+    finally:
+        sys.modules.pop("helper_mod_nb", None)
+    assert not (tmp_path / "__pycache__").exists()
+    assert sys.dont_write_bytecode is False
