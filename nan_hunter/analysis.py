@@ -109,6 +109,57 @@ def _producers(events: tuple[OpEvent, ...], start: OpEvent, depth: int) -> Itera
         queue.extend((p, level + 1) for p in event.producers if p is not None)
 
 
+# Ops whose Python-scalar operand is rounded into the low-precision result (``m + 1e-8``); a norm's
+# ``eps=`` is applied in FP32 inside the kernel and never lost.
+_SCALAR_ARITHMETIC = frozenset(
+    {"add", "sub", "div", "truediv", "clamp", "clamp_min", "clamp_max", "maximum", "minimum",
+     "where", "addcdiv", "addcmul", "masked_fill", "fill"}
+)
+
+
+def _is_elementwise_arithmetic(op: str) -> bool:
+    name = op.rsplit(".", 1)[-1].strip("_")
+    if op.rsplit(".", 1)[-1].startswith("__") and name[:1] in ("r", "i") and (
+        name[1:] in _SCALAR_ARITHMETIC
+    ):
+        name = name[1:]  # __radd__, __iadd__
+    return name in _SCALAR_ARITHMETIC
+
+
+def consumer_map(events: tuple[OpEvent, ...]) -> dict[int, list[int]]:
+    consumers: dict[int, list[int]] = {}
+    for event in events:
+        for p in dict.fromkeys(event.producers):
+            if p is not None:
+                consumers.setdefault(p, []).append(event.index)
+    return consumers
+
+
+def contained(events: tuple[OpEvent, ...], consumers: dict[int, list[int]], origin: int) -> bool:
+    """True when the origin's non-finite values only ever reach integer or boolean results
+    (T5's ``log(0)`` that becomes a bucket index): no floating value downstream depends on
+    them, so training is unaffected. A chain that ends in an unconsumed floating value (a
+    model output, the loss) is not contained."""
+    stack = [origin]
+    seen: set[int] = set()
+    while stack:
+        index = stack.pop()
+        if index in seen:
+            continue
+        seen.add(index)
+        event = events[index]
+        floating = [s for s in event.outputs if s.is_floating]
+        if not floating:
+            continue  # the chain turned into integers or booleans here
+        if all(s.finite for s in floating):
+            return False  # a finite floating value depends on the non-finite ones
+        nxt = consumers.get(index, [])
+        if not nxt:
+            return False  # a non-finite floating value leaves the traced code
+        stack.extend(nxt)
+    return True
+
+
 def find_upstream(
     events: tuple[OpEvent, ...],
     reference: dict[tuple[str, str, int, int], OpEvent],
@@ -120,7 +171,9 @@ def find_upstream(
     rounds to 0, or values flushed to 0."""
     for event in _producers(events, origin, depth):
         in_low = any(s.dtype == fmt.name for s in event.outputs)
-        if in_low and any(fmt.rounds_to_zero(v) for v in event.scalars):
+        if in_low and _is_elementwise_arithmetic(event.op) and any(
+            fmt.rounds_to_zero(v) for v in event.scalars
+        ):
             return Upstream(event, "eps")
         ref = reference.get(event.key)
         if in_low and ref is not None:
@@ -162,13 +215,15 @@ def analyse(
         for g in ref.grad_events:
             ref_grads.setdefault(ref.events[g.forward_index].key, g)
 
+    consumers = consumer_map(low.events)
     forward: list[Candidate] = []
     for n, event in enumerate(forward_origins(low)):
         casts = cast_inputs(event, fmt)
         reference = ref_events.get(event.key)
         own = rerun_in_fp32(low.first_origin_call) if n == 0 and low.first_origin_call else None
         upstream = None
-        if reference is not None and reference.outputs_finite and not casts:
+        if reference is not None and reference.outputs_finite and not casts and own is False:
+            # FP32 fails on the op's own low-precision inputs: the damage was done upstream
             upstream = find_upstream(low.events, ref_events, event, fmt, upstream_depth)
         forward.append(
             Candidate(
@@ -183,6 +238,7 @@ def analyse(
                 input_producers=tuple(
                     low.events[p] for p in dict.fromkeys(event.producers) if p is not None
                 ),
+                contained=contained(low.events, consumers, event.index),
             )
         )
 

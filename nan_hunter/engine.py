@@ -254,9 +254,16 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
             diff=diff,
             file=file,
         )
+    severity, notes = rule.severity, _bf16_alternative(c, rule.kind_for(c))
+    if c.contained:
+        severity = Severity.INFO
+        notes = (
+            "contained: these non-finite values only reach integer or boolean results "
+            "(indices, masks); no floating value downstream depends on them",
+        )
     return Finding(
         code=rule.code,
-        severity=rule.severity,
+        severity=severity,
         kind=rule.kind_for(c),
         phase=c.phase,
         op=event.op,
@@ -270,7 +277,7 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
         outputs=event.outputs if c.grad is None else c.grad.produced,
         upstream=upstream,
         op_index=event.index,
-        notes=_bf16_alternative(c, rule.kind_for(c)),
+        notes=notes,
     )
 
 

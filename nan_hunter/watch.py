@@ -41,6 +41,8 @@ from nan_hunter.precision.formats import format_for
 from nan_hunter.runner import Batch, LossFn, default_loss
 
 OnProblem = Literal["report", "raise", "stop"]
+DEFAULT_LR = 1e-3
+"""Adam's learning rate in ``run_steps`` when neither the call nor the settings give one."""
 _ON_PROBLEM = ("report", "raise", "stop")
 
 
@@ -65,8 +67,7 @@ class WatchEvent:
     """0-based index of the ``w.step()`` call (``run_steps``: of the optimizer step)."""
     reason: Reason
     report: Report | None
-    """The scan of the step's batch; None when it could not be re-run (see ``detail``) or when
-    ``max_reports`` scans were already made."""
+    """The scan of the step's batch; None when it could not be re-run (``detail`` says why)."""
     detail: str = ""
     """One line for a person: what was seen."""
     scale: float | None = None
@@ -135,7 +136,11 @@ def finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
 
 def _group_finite(group: list[torch.Tensor]) -> torch.Tensor:
     if group[0].device.type == "cpu":
-        sums = [t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum() for t in group]
+        sums = [
+            t.sum(dtype=torch.float32) if t.is_floating_point() and t.element_size() < 4
+            else t.sum()
+            for t in group
+        ]
         return torch.stack([s.abs() for s in sums]).isfinite().all()
     return torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all()
 
@@ -252,17 +257,36 @@ class _HookSeen:
 def _scan_settings(settings: Settings | None, options: dict[str, Any]) -> Settings:
     """``settings`` (or the defaults) with ``options`` applied; options are validated as
     config keys, so a typo fails when the watcher is made, not at the first problem."""
-    given = load_settings(None, options)
+    checked = {name: _option_value(value) for name, value in options.items()}
+    try:
+        given = load_settings(None, checked)
+    except ConfigError as exc:
+        message = str(exc)
+        if message.startswith("command line: "):
+            message = "nan_hunter.watch(): " + message.removeprefix("command line: ")
+        raise ConfigError(message) from None
     if settings is None:
         return given
-    changed = {k: getattr(given, k) for k, v in options.items() if v is not None}
+    changed = {k: getattr(given, k) for k, v in checked.items() if v is not None}
     return dataclasses.replace(settings, **changed)
 
 
+def _option_value(value: Any) -> Any:
+    """As ``scan`` takes options: ``torch.float16`` for ``"float16"``, any sequence of codes."""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
 class Watcher:
-    """See ``watch``. Attributes: ``reports`` (the events scanned so far), ``stopped`` (set
-    under ``on_problem="stop"``), ``steps`` (calls to ``step``), ``problems`` (steps that tripped
-    the check, scanned or not), ``skipped`` (steps the GradScaler skipped)."""
+    """See ``watch``. Attributes: ``reports`` (the first ``max_reports`` problem events, each
+    with its scan), ``stopped`` (set under ``on_problem="stop"``), ``steps`` (calls to
+    ``step``), ``problems`` (all steps that tripped the check), ``skipped`` (steps the GradScaler
+    skipped)."""
 
     def __init__(
         self,
@@ -348,7 +372,10 @@ class Watcher:
         ok = flag is None or bool(flag)
         snapshot = None
         if not ok and len(self.reports) < self.max_reports:
-            snapshot = copy.deepcopy(self.model)
+            try:
+                snapshot = copy.deepcopy(self.model)
+            except Exception:  # not copyable: w.step re-runs the current weights, or says why not
+                snapshot = None
         self._seen = _HookSeen.of(self._params, ok, snapshot)
 
     # ------------------------------------------------------------------ the per-step check
@@ -409,25 +436,38 @@ class Watcher:
     ) -> WatchEvent:
         self.problems += 1
         reason, detail = problem
-        report = None
         pre_step = snapshot is not None or skipped
-        if len(self.reports) >= self.max_reports:
-            detail += f" (not scanned: max_reports={self.max_reports} already made)"
+        kept = len(self.reports) < self.max_reports
+        report = None
+        why_not = None
+        if not kept:
+            why_not = f"max_reports={self.max_reports} already made"
         elif batch is None:
-            detail += " (not scanned: w.step() was given no batch)"
+            why_not = "w.step() was given no batch"
         elif not pre_step and not _params_finite(self.model):
-            detail += (
-                " (not scanned: the optimizer already wrote non-finite values into the weights;"
-                " pass the optimizer to watch() so the weights are copied before the update)"
+            why_not = (
+                "the optimizer already wrote non-finite values into the weights; pass the "
+                "optimizer to watch() so the weights are copied before the update"
             )
         else:
-            replay = snapshot if snapshot is not None else copy.deepcopy(self.model)
-            report = self._scan(replay, batch, scale)
+            replay = snapshot
+            if replay is None:
+                try:
+                    replay = copy.deepcopy(self.model)
+                except Exception as exc:  # a module holding something that cannot be copied
+                    why_not = f"the model cannot be deep-copied: {first_line(exc)}"
+            if replay is not None:
+                try:
+                    report = self._scan(replay, batch, scale)
+                except NanHunterError as exc:
+                    why_not = f"the re-run failed: {exc}"
+        if why_not is not None:
+            detail += f" (not scanned: {why_not})"
         event = WatchEvent(
             step=index, reason=reason, report=report, detail=detail, scale=scale,
             pre_step=pre_step,
         )
-        if report is not None:
+        if kept:
             self.reports.append(event)
         if self.on_problem == "stop":
             self.stopped = True
@@ -466,8 +506,10 @@ def watch(
     ``grad_scale`` set, the scan uses the scale the failing step ran with. ``on_problem``:
     ``"report"`` records the event, ``"stop"`` also sets ``w.stopped``, ``"raise"`` raises
     ``TrainingProblem``. ``skip_patience``: skipped steps in a row (after the scale settled) that
-    count as a problem; ``scale_floor``: a scale below it is a problem; ``max_reports``: scans at
-    most this many problems (later ones are counted in ``w.problems``).
+    count as a problem; ``scale_floor``: a scale below it is a problem; ``max_reports``: re-runs
+    and keeps at most this many problems (all are counted in ``w.problems``). A re-run that
+    fails (a model that cannot be deep-copied, an error in the user's code) does not stop the
+    loop: the event's ``report`` is None and its ``detail`` says why.
 
     The re-run uses a deep copy of the model, so RNG-dependent layers (dropout) draw fresh
     random numbers; the user's model, its ``.grad`` and the optimizer are never modified.
@@ -481,12 +523,15 @@ def watch(
 # --------------------------------------------------------------------------- run_steps
 
 
-def _batch_to(batch: Batch, device: str, dtype: torch.dtype | None = None) -> Batch:
+def _batch_copy(batch: Batch, device: str, dtype: torch.dtype | None = None) -> Batch:
+    """A copy of ``batch`` on ``device`` (floating tensors in ``dtype`` when given), fresh for
+    each step: a model or loss that writes into its inputs must not change the next step's."""
+
     def move(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        x = x.to(device)
-        return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+        cast = dtype if dtype is not None and x.is_floating_point() else x.dtype
+        return x.to(device=device, dtype=cast, copy=True)
 
     return Batch(args=tree_map(move, batch.args), kwargs=tree_map(move, batch.kwargs),
                  raw=tree_map(move, batch.raw))
@@ -501,25 +546,27 @@ def run_steps(
     settings: Settings,
     steps: int,
     *,
-    lr: float = 1e-3,
+    lr: float | None = None,
     skip_patience: int = 3,
     scale_floor: float = 1.0,
 ) -> StepsResult:
-    """Train a deep copy of ``target.model`` for up to ``steps`` Adam steps (``lr``) on
-    ``target.batch`` and scan the first step that breaks, as ``watch`` checks it.
+    """Train a deep copy of ``target.model`` for up to ``steps`` Adam steps on ``target.batch``
+    and scan the first step that breaks, as ``watch`` checks it. The learning rate is ``lr``,
+    else the ``lr`` setting when the configuration has one, else ``DEFAULT_LR`` (1e-3).
 
     Training runs on the scan's device under real ``torch.autocast`` in the scan's dtype
     (``mode: half``: model and batch in that dtype, no autocast), with a GradScaler whose
     initial scale is ``settings.grad_scale`` when that is set. The scan of a bad step starts
-    from the weights at the start of that step, restored into a fresh copy of the model.
-    ``target.model`` is left bit-identical.
+    from the weights at the start of that step, restored into a fresh copy of the model (with a
+    GradScaler, at the scale that step ran with). ``target.model`` is left bit-identical; the
+    run holds a copy of the model, one of its state and Adam's two moments besides it.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"--steps must be a whole number >= 1, got {steps!r}")
+    if lr is None:
+        lr = float(getattr(settings, "lr", DEFAULT_LR))
     if not math.isfinite(lr) or lr <= 0:
         raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
-    from nan_hunter.engine import scan_target
-
     device = settings.resolved_device()
     dtype = format_for(settings.dtype).dtype
     half = settings.mode == "half"
@@ -531,7 +578,6 @@ def run_steps(
     model = copy.deepcopy(target.model).to(device)
     if half:
         model.to(dtype)
-    batch = _batch_to(target.batch, device, dtype if half else None)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError("--steps trains the model, but it has no parameter that requires grad")
@@ -544,6 +590,7 @@ def run_steps(
     for index in range(steps):
         start = _state(model)
         optimizer.zero_grad(set_to_none=True)
+        batch = _batch_copy(target.batch, device, dtype if half else None)
         loss = _train_forward(model, batch, target.loss_fn, device, dtype, half, index)
         try:
             (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -555,10 +602,11 @@ def run_steps(
                 f"{first_line(exc)}"
             ) from exc
         problem: tuple[Reason, str] | None = None
+        used = None
         if scaler is not None and scale is not None:
             scaler.step(optimizer)
             scaler.update()
-            _, _, problem = scale.observe(float(scaler.get_scale()))
+            used, _, problem = scale.observe(float(scaler.get_scale()))
             loss_ok = bool(torch.isfinite(loss.detach()).all())
         else:
             flag = grads_finite_flag(params)
@@ -572,14 +620,24 @@ def run_steps(
         if not loss_ok:
             problem = (Reason.LOSS, f"the loss is {float(loss.detach().float()):g}")
         if problem is not None:
-            fresh = copy.deepcopy(target.model)
-            fresh.load_state_dict(start)
-            report = scan_target(dataclasses.replace(target, model=fresh), settings)
+            report = _scan_state(target, settings, start, used)
             return StepsResult(index + 1, index, report, problem[0], problem[1])
-    final = copy.deepcopy(target.model)
-    final.load_state_dict(_state(model))
-    report = scan_target(dataclasses.replace(target, model=final), settings)
-    return StepsResult(steps, None, report)
+    final = _scan_state(target, settings, model.state_dict(), scale.used if scale else None)
+    return StepsResult(steps, None, final)
+
+
+def _scan_state(
+    target: Target, settings: Settings, state: dict[str, torch.Tensor], scale: float | None
+) -> Report:
+    """Scan a fresh copy of ``target.model`` holding ``state``; with a GradScaler, at the loss
+    scale the step ran with (as the watcher does)."""
+    from nan_hunter.engine import scan_target
+
+    fresh = copy.deepcopy(target.model)
+    fresh.load_state_dict(state)
+    if scale is not None:
+        settings = dataclasses.replace(settings, grad_scale=scale)
+    return scan_target(dataclasses.replace(target, model=fresh), settings)
 
 
 def _train_forward(

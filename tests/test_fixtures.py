@@ -173,3 +173,28 @@ def test_same_scan_twice_gives_same_findings() -> None:
     b = _scan(FIXTURES / "fx_eps_underflow.py")
     assert a.findings == b.findings
     assert (a.ops, a.backward_nodes, a.propagated) == (b.ops, b.backward_nodes, b.propagated)
+
+
+def test_non_finite_values_that_only_become_indices_are_contained() -> None:
+    """log(0) = -inf turned into an integer index (as in T5's position buckets) harms nothing:
+    it is reported at info severity, and the scan exits 0."""
+    import torch
+    from torch import nn
+
+    import nan_hunter
+
+    class Buckets(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(8, 4)
+
+        def forward(self, pos: torch.Tensor) -> torch.Tensor:
+            scaled = torch.log(pos.float()) * 2
+            idx = torch.where(pos < 2, pos, scaled.clamp(max=7).long())
+            return self.emb(idx)
+
+    report = nan_hunter.scan(Buckets(), torch.arange(6))
+    (finding,) = report.findings
+    assert (finding.code, finding.op, finding.severity.value) == ("NH301", "torch.log", "info")
+    assert finding.notes[0].startswith("contained:")
+    assert report.exit_code() == 0

@@ -65,6 +65,8 @@ class Candidate:
     """The loss scale the backward ran with."""
     input_producers: tuple[OpEvent, ...] = ()
     """The ops that produced this op's inputs (forward only)."""
+    contained: bool = False
+    """The non-finite values only reach integer/boolean results: harmless to training."""
 
     @property
     def ref_finite(self) -> bool | None:
