@@ -285,8 +285,11 @@ def _bf16_alternative(c: Candidate, kind: Kind) -> tuple[str, ...]:
     """"BF16 would avoid this" when an FP16 culprit's FP32 values fit BF16's range."""
     if c.fmt is not FP16 or c.ref_finite is not True:
         return ()
-    if kind is Kind.OVERFLOW and c.ref_abs_max is not None and c.ref_abs_max < BF16.max:
-        reach = format_number(c.ref_abs_max)
+    largest = max(
+        [c.ref_abs_max or 0.0] + [c.event.inputs[i].abs_max or 0.0 for i in c.cast_inputs]
+    )
+    if kind is Kind.OVERFLOW and 0.0 < largest < BF16.max:
+        reach = format_number(largest)
         return (
             f"BF16 would avoid this: its range reaches {format_number(BF16.max)} and this op's "
             f"FP32 values reach {reach}; use torch.autocast(..., dtype=torch.bfloat16)",
