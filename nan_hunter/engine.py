@@ -125,8 +125,8 @@ def _scale_window(
 ) -> ScaleWindow | None:
     """The loss-scale window. Gradients are only measured where they are finite, so when the
     chosen scale made them overflow, they are measured again in an unscaled backward."""
-    if log is None or not low.backward_ran:
-        return None
+    if log is None or not low.backward_ran or forward_origins(low):
+        return None  # gradients after a broken forward say nothing about loss scales
     measured = low
     if scale != 1.0 and backward_origins(low) and not forward_origins(low):
         log = GradientLog(plan.fmt)

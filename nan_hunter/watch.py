@@ -122,26 +122,25 @@ def finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     for t in tensors:
         if t.is_sparse:
             t = t.coalesce().values()
-        if t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
-            continue
-        by_device.setdefault(t.device, []).append(t.detach())
+        if t.numel() and (t.is_floating_point() or t.is_complex()):
+            by_device.setdefault(t.device, []).append(t)
     if not by_device:
         return None
-    flags = [_group_finite(group) for group in by_device.values()]
-    if len(flags) == 1:
-        return flags[0]
-    first = flags[0].device
-    return torch.stack([f.to(first) for f in flags]).all()
+    with torch.no_grad():
+        flags = [_group_finite(group) for group in by_device.values()]
+        if len(flags) == 1:
+            return flags[0]
+        first = flags[0].device
+        return torch.stack([f.to(first) for f in flags]).all()
+
+
+_LOW = (torch.float16, torch.bfloat16)
 
 
 def _group_finite(group: list[torch.Tensor]) -> torch.Tensor:
     if group[0].device.type == "cpu":
-        sums = [
-            t.sum(dtype=torch.float32) if t.is_floating_point() and t.element_size() < 4
-            else t.sum()
-            for t in group
-        ]
-        return torch.stack([s.abs() for s in sums]).isfinite().all()
+        sums = [t.sum(dtype=torch.float32) if t.dtype in _LOW else t.sum() for t in group]
+        return torch.stack(sums).isfinite().all()
     return torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all()
 
 
