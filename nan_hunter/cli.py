@@ -168,14 +168,27 @@ def scan(
         bool | None,
         typer.Option("--verify/--no-verify", help="Re-scan a patched copy to prove each fix."),
     ] = None,
+    lr: Annotated[
+        float | None, typer.Option("--lr", help="Adam learning rate for --steps.")
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps",
+            min=1,
+            help="Train a copy for up to N Adam steps on the sample batch; scan the first step "
+            "that breaks.",
+        ),
+    ] = None,
 ) -> None:
     """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
     from nan_hunter.api import scan_file
     from nan_hunter.config import load_settings
     from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
     from nan_hunter.fixes.workflow import fix_all as run_fix_all
-    from nan_hunter.loader import Names
+    from nan_hunter.loader import Names, load_target
     from nan_hunter.report import render
+    from nan_hunter.watch import run_steps
 
     try:
         settings = load_settings(
@@ -192,6 +205,7 @@ def scan(
                 "ignore": ignore,
                 "fail_on": fail_on.value if fail_on else None,
                 "verify_fixes": verify,
+                "lr": lr,
             },
         )
         names = Names(model_fn=model_fn, batch_fn=batch_fn, loss_fn=loss_fn)
@@ -201,7 +215,23 @@ def scan(
                 str(file), settings, names=names, weights=weights, batch_file=batch_file
             )
 
-        report = scan_file(path, settings, names=names, weights=weights, batch_file=batch_file)
+        if steps is not None and (fix or fix_all):
+            raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
+        if steps is not None:
+            result = run_steps(
+                load_target(path, names, weights=weights, batch_file=batch_file), settings, steps
+            )
+            where = (
+                f"step {result.first_bad_step} broke: {result.detail}"
+                if result.first_bad_step is not None
+                else "no step broke; scanned the final weights"
+            )
+            typer.echo(f"nan-hunter: trained {result.steps_run} step(s); {where}", err=True)
+            report = result.report
+        else:
+            report = scan_file(
+                path, settings, names=names, weights=weights, batch_file=batch_file
+            )
         if fix_all:
             done, report = run_fix_all(
                 Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
@@ -209,7 +239,7 @@ def scan(
             )
             for r in done:
                 _say_applied(r.applied, f"round {r.number}: ")
-        elif settings.verify_fixes or fix:
+        elif (settings.verify_fixes or fix) and steps is None:
             report = verify_fixes(report, rescan)
         if fix and not fix_all:
             applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)

@@ -46,6 +46,8 @@ class Settings:
     """Loss scale for the backward, as GradScaler applies it; None: no loss scaling."""
     grad_underflow_share: float = 0.25
     verify_fixes: bool = True
+    lr: float = 1e-3
+    """Adam learning rate for ``--steps``."""
     select: tuple[str, ...] = ("NH",)
     ignore: tuple[str, ...] = ()
     fail_on: str = "error"
