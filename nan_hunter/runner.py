@@ -53,34 +53,65 @@ class PassResult:
 class ModelState:
     """A snapshot of everything a forward/backward can change in a model, and its restore.
 
-    Parameters and buffers are copied; on restore, only the tensors that were written to (their
-    version counter moved) or swapped for a half-precision copy are put back.
+    Buffers (BatchNorm statistics, which kernels update in place) are copied up front.
+    Parameters are copied lazily: the tracer calls ``protect`` before any in-place op on a
+    tensor that shares a parameter's storage (``p.add_``, ``p.data.clamp_``), so a scan costs
+    no second copy of the weights. On restore, what was written to (version counter moved, or
+    protected) or swapped for a half-precision copy is put back.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = model
         with torch.no_grad():
-            self._tensors = [
-                (t, t.data, t._version, t.detach().clone())
-                for t in [*model.parameters(), *model.buffers()]
-            ]
+            self._buffers = [(b, b.data, b._version, b.detach().clone()) for b in model.buffers()]
+        self._params = [(p, p.data, p._version) for p in model.parameters()]
+        self._storages = {_storage(p): p for p in model.parameters()}
+        self._saved: dict[int, torch.Tensor] = {}
         self._grads = [(p, p.grad) for p in model.parameters()]
         self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
         self._training = [(m, m.training) for m in model.modules()]
 
+    def protect(self, tensor: torch.Tensor) -> None:
+        """Copy the parameter whose storage ``tensor`` shares, before it is written to."""
+        key = _storage(tensor)
+        param = self._storages.get(key)
+        if param is not None and key not in self._saved:
+            with torch.no_grad():
+                self._saved[key] = param.detach().clone()
+
     def restore(self) -> None:
         with torch.no_grad():
-            for live, data, version, saved in self._tensors:
+            for live, data, version, saved in self._buffers:
                 if live.data is not data:  # converted for a half-precision pass
                     live.data = data
                 if live._version != version or data._version != version:
                     data.copy_(saved)
+            unrestorable = []
+            for p, data, version in self._params:
+                if p.data is not data:
+                    p.data = data
+                copy = self._saved.get(_storage(data))
+                if copy is not None:
+                    data.copy_(copy)
+                elif p._version != version:
+                    unrestorable.append(p)
         for p, grad in self._grads:
             p.grad = grad
         for p, flag in self._requires_grad:
             p.requires_grad_(flag)
         for m, flag in self._training:
             m.train(flag)
+        if unrestorable:
+            names = {id(p): n for n, p in self._model.named_parameters()}
+            raise UserCodeError(
+                "the model wrote to its parameters in place, out of nan-hunter's sight "
+                f"({', '.join(names.get(id(p), '?') for p in unrestorable)}); they cannot be "
+                "restored"
+            )
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -134,7 +165,7 @@ def run_pass(
 
     state = ModelState(model)
     modules = ModuleTracker(model, on_output=lambda output: tracer.mark_escaped(output))
-    tracer = OpTracer(modules, fmt, count_all=count_all)
+    tracer = OpTracer(modules, fmt, count_all=count_all, before_write=state.protect)
     params = [p for p in model.parameters() if p.requires_grad]
     backward_ran = False
     try:

@@ -95,3 +95,28 @@ def test_eval_mode_is_kept_and_global_hooks_removed() -> None:
         dict(module_mod._global_forward_pre_hooks),
     ) == global_before
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_weights_written_in_forward_are_restored_without_a_full_copy() -> None:
+    """Parameters are copied only when an op is about to write them (here via .data and an
+    in-place op under no_grad, as weight-clipping code does)."""
+    import nan_hunter
+
+    class Clipping(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.other = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                self.fc.weight.data.clamp_(-0.1, 0.1)
+                self.fc.bias.mul_(3.0)
+            return self.other(self.fc(x))
+
+    torch.manual_seed(0)
+    model = Clipping()
+    before = _snapshot(model)
+    report = nan_hunter.scan(model, torch.randn(2, 4))
+    assert report.ops > 0
+    _assert_same(before, _snapshot(model))

@@ -64,9 +64,16 @@ class OpTracer(TorchFunctionMode):
     """Records ``OpEvent``s; use ``forward()`` around the forward and ``backward()`` around it."""
 
     def __init__(
-        self, modules: ModuleTracker, fmt: FloatFormat, *, count_all: bool = False
+        self,
+        modules: ModuleTracker,
+        fmt: FloatFormat,
+        *,
+        count_all: bool = False,
+        before_write: Callable[[torch.Tensor], None] | None = None,
     ) -> None:
         super().__init__()
+        self._before_write = before_write
+        """Called with the tensor an in-place op is about to write (to snapshot weights)."""
         self._modules = modules
         self._fmt = fmt
         self._count_all = count_all
@@ -104,6 +111,11 @@ class OpTracer(TorchFunctionMode):
             return out
         in_stats = tuple(self.stats_of(t) for t in in_tensors)
         producers = tuple(self._producer.get(t) for t in in_tensors)
+        if self._before_write is not None and in_tensors and _is_inplace(name, kwargs):
+            written = kwargs.get("out", in_tensors[0])
+            for t in written if isinstance(written, (tuple, list)) else (written,):
+                if isinstance(t, torch.Tensor):
+                    self._before_write(t)
         try:
             out = func(*args, **kwargs)
             failure = None
