@@ -15,7 +15,7 @@ from nan_hunter.findings import Report
 from nan_hunter.fixes.apply import PatchConflict, apply_diffs, parse_hunks
 from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
 from nan_hunter.report.json_report import report_dict
-from tests.conftest import EXAMPLES, FIXTURES
+from tests.conftest import EXAMPLES, FIXTURES, PRECISION_FIXES
 
 ORIGINAL = "a\nb\nc\nd\ne\nf\ng\nh\n"
 DIFF_B = "--- a/x.py\n+++ b/x.py\n@@ -2,1 +2,1 @@\n-b\n+B\n"
@@ -47,19 +47,7 @@ def test_no_newline_at_end_of_file() -> None:
     assert apply_diffs("a\nb", [diff + "\\ No newline at end of file\n"]) == "a\nc"
 
 
-VERIFIED = [
-    EXAMPLES / "matrix_inverse.py",
-    EXAMPLES / "attention_unscaled.py",
-    FIXTURES / "fx_cast_overflow.py",
-    FIXTURES / "fx_matmul_overflow.py",
-    FIXTURES / "fx_linear_overflow.py",
-    FIXTURES / "fx_mul_overflow.py",
-    FIXTURES / "fx_eps_underflow.py",
-    FIXTURES / "fx_fp16_linalg.py",
-    FIXTURES / "fx_add_overflow.py",
-    FIXTURES / "fx_flush_log.py",
-    FIXTURES / "fx_atanh_rounding.py",
-]
+VERIFIED = PRECISION_FIXES
 
 
 def _rescan(file: Path) -> Report:

@@ -10,21 +10,9 @@ import pytest
 
 from nan_hunter.api import scan_file
 from nan_hunter.findings import Severity
-from tests.conftest import EXAMPLES, FIXTURES
+from tests.conftest import EXAMPLES, FIXTURES, PRECISION_FIXES
 
-PATCHED = [
-    EXAMPLES / "matrix_inverse.py",
-    EXAMPLES / "attention_unscaled.py",
-    FIXTURES / "fx_cast_overflow.py",
-    FIXTURES / "fx_matmul_overflow.py",
-    FIXTURES / "fx_linear_overflow.py",
-    FIXTURES / "fx_mul_overflow.py",
-    FIXTURES / "fx_eps_underflow.py",
-    FIXTURES / "fx_fp16_linalg.py",
-    FIXTURES / "fx_add_overflow.py",
-    FIXTURES / "fx_flush_log.py",
-    FIXTURES / "fx_atanh_rounding.py",
-]
+PATCHED = PRECISION_FIXES
 
 
 def _first_diff(path: Path) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Kind, Phase
-from nan_hunter.rules._messages import fp32_reach, output_damage
-from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
+from nan_hunter.findings import Kind
+from nan_hunter.rules._overflow import RangeOverflowRule
+from nan_hunter.rules.registry import register
 
 MATMUL_FAMILY = frozenset(
     {
@@ -17,11 +17,12 @@ MATMUL_FAMILY = frozenset(
 
 
 @register
-class MatmulOverflow(Rule):
+class MatmulOverflow(RangeOverflowRule):
     code = "NH102"
     name = "matmul-output-overflow"
     priority = 30
     kind = Kind.OVERFLOW
+    ops = MATMUL_FAMILY
     summary = "A matmul, linear, conv or bmm result exceeds the FP16 maximum."
     doc = """\
 ## What
@@ -44,21 +45,3 @@ Compute the product in FP32 (the patch wraps the statement in an autocast-disabl
 `.float()` operands), or rescale it (attention: divide q by `sqrt(d)` before the matmul), or use
 BF16, whose range matches FP32. The FP32 region is safe; rescaling changes the model.
 """
-
-    def matches(self, c: Candidate) -> bool:
-        return (
-            c.phase is Phase.FORWARD
-            and c.op_name in MATMUL_FAMILY
-            and c.ref_finite is True
-            and c.ref_abs_max is not None
-            and c.ref_abs_max > c.fmt.max
-        )
-
-    def message(self, c: Candidate) -> str:
-        return (
-            f"{c.event.op} output exceeds the {c.fmt.name} maximum and gets "
-            f"{output_damage(c)}{fp32_reach(c)}"
-        )
-
-    def fix(self, c: Candidate) -> FixPlan:
-        return FixPlan(title=f"Compute {c.event.op} in FP32 (autocast disabled)", region=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Kind, Phase
+from nan_hunter.findings import Kind
 from nan_hunter.rules._messages import fp32_reach, output_damage
-from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
+from nan_hunter.rules._overflow import RangeOverflowRule
+from nan_hunter.rules.registry import Candidate, register
 
 STATISTICS_OPS = frozenset(
     {"mul", "imul", "rmul", "square", "pow", "ipow", "sum", "norm", "var", "std", "cumsum"}
@@ -12,11 +13,12 @@ STATISTICS_OPS = frozenset(
 
 
 @register
-class StatisticsOverflow(Rule):
+class StatisticsOverflow(RangeOverflowRule):
     code = "NH103"
     name = "hand-written-statistics-overflow"
     priority = 31
     kind = Kind.OVERFLOW
+    ops = STATISTICS_OPS
     summary = "A hand-written square, sum of squares or product overflows FP16."
     doc = """\
 ## What
@@ -38,20 +40,8 @@ Compute the statistic in FP32: `x.float()` (the patch wraps the statement in an 
 region with `.float()` operands), or use `torch.nn.functional.rms_norm` / `layer_norm`. Safe.
 """
 
-    def matches(self, c: Candidate) -> bool:
-        return (
-            c.phase is Phase.FORWARD
-            and c.op_name in STATISTICS_OPS
-            and c.ref_finite is True
-            and c.ref_abs_max is not None
-            and c.ref_abs_max > c.fmt.max
-        )
-
     def message(self, c: Candidate) -> str:
         return (
             f"{c.event.op} of {c.fmt.name} values overflows and gets "
             f"{output_damage(c)}{fp32_reach(c)}"
         )
-
-    def fix(self, c: Candidate) -> FixPlan:
-        return FixPlan(title=f"Compute {c.event.op} in FP32 (autocast disabled)", region=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Kind, Phase
-from nan_hunter.rules._messages import fp32_reach, output_damage
-from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
+from nan_hunter.findings import Kind
+from nan_hunter.rules._overflow import RangeOverflowRule
+from nan_hunter.rules.registry import register
 
 
 @register
-class OpOverflow(Rule):
+class OpOverflow(RangeOverflowRule):
     code = "NH109"
     name = "op-output-overflow"
     priority = 39
@@ -31,20 +31,3 @@ y = torch.exp(x)                              # x ~ 12 in FP16 -> exp(12) = 1.6e
 Compute the op in FP32 (the patch wraps the statement in an autocast-disabled region with
 `.float()` operands), rescale the values, or use BF16. The FP32 region is safe.
 """
-
-    def matches(self, c: Candidate) -> bool:
-        return (
-            c.phase is Phase.FORWARD
-            and c.ref_finite is True
-            and c.ref_abs_max is not None
-            and c.ref_abs_max > c.fmt.max
-        )
-
-    def message(self, c: Candidate) -> str:
-        return (
-            f"{c.event.op} output exceeds the {c.fmt.name} maximum and gets "
-            f"{output_damage(c)}{fp32_reach(c)}"
-        )
-
-    def fix(self, c: Candidate) -> FixPlan:
-        return FixPlan(title=f"Compute {c.event.op} in FP32 (autocast disabled)", region=True)
