@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from nan_hunter.findings import SourceLocation
@@ -37,13 +38,13 @@ class OpEvent:
     """The op failed the way CUDA fails (banned under autocast, FP16 linear algebra); the scan
     went on with the op run in FP32."""
 
-    @property
+    @cached_property
     def inputs_finite(self) -> bool:
         return all(s.finite for s in self.inputs) and all(
             v == v and v not in (float("inf"), float("-inf")) for v in self.scalars
         )
 
-    @property
+    @cached_property
     def outputs_finite(self) -> bool:
         return all(s.finite for s in self.outputs)
 

@@ -189,6 +189,8 @@ class OpTracer(TorchFunctionMode):
         # Our own reductions bypass dispatch modes (the FP16 emulation): nothing to emulate.
         if counts is None:
             counts = self._count_all or t.dtype == self._fmt.dtype
+        if torch._C._len_torch_dispatch_stack() == 0:
+            return tensor_stats(t, self._fmt, counts=counts)
         with _disable_current_modes():
             return tensor_stats(t, self._fmt, counts=counts)
 

@@ -1,0 +1,187 @@
+"""Deterministic benchmark models for ``benchmarks/overhead.py``.
+
+Every ``build_<name>(quick=False)`` returns ``(model, batch)``: a model in train mode whose
+parameters require grad, and a batch (one float tensor) it is called with as ``model(batch)``.
+The same seed gives bit-identical weights and inputs in every process, so the memory
+subprocesses measure the very model the timing loop ran. All models are clean under FP16
+autocast: activations stay far from the FP16 range limits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+Built = tuple[nn.Module, torch.Tensor]
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention written out by hand: q/k/v projections, scaled scores,
+    softmax, weighted sum, output projection."""
+
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not a multiple of heads {heads}")
+        self.heads = heads
+        self.d_head = d_model // heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.d_head).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
+        weights = torch.softmax(scores, dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(b, t, d)
+        return self.out(mixed)
+
+
+class EncoderLayer(nn.Module):
+    """Pre-LN transformer encoder layer: ``x + attn(ln(x))``, then ``x + ffn(ln(x))``."""
+
+    def __init__(self, d_model: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, ffn)
+        self.fc2 = nn.Linear(ffn, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Encoder(nn.Module):
+    """Float features -> linear input projection -> ``layers`` pre-LN layers -> LN -> head."""
+
+    def __init__(
+        self, *, features: int, d_model: int, heads: int, ffn: int, layers: int, classes: int
+    ) -> None:
+        super().__init__()
+        self.proj = nn.Linear(features, d_model)
+        self.layers = nn.ModuleList(EncoderLayer(d_model, heads, ffn) for _ in range(layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.ln(h))
+
+
+class TinyBlock(nn.Module):
+    """About ten cheap elementwise ops on a small tensor, plus a tiny matmul so that FP16
+    autocast has something to cast: the point is the op count, not the FLOPs."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mix = nn.Linear(width, width)
+        self.scale = nn.Parameter(torch.ones(width))
+        self.shift = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.mix(x)                          # linear (autocast: FP16)
+        h = h * self.scale + self.shift          # mul, add
+        gate = torch.sigmoid(h)                  # sigmoid
+        h = torch.tanh(h) * gate                 # tanh, mul
+        h = h + 0.1 * torch.exp(0.25 * h)        # mul, exp, mul, add (|0.25 h| <= 0.25)
+        h = F.layer_norm(h, h.shape[-1:])        # layer_norm
+        return x + 0.5 * h                       # mul, add
+
+
+class OpHeavy(nn.Module):
+    def __init__(self, blocks: int, width: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TinyBlock(width) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _seeded(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
+def _encoder(
+    *, seed: int, layers: int, d_model: int, heads: int, ffn: int, batch: int, tokens: int,
+    features: int = 64, classes: int = 16,
+) -> Built:
+    _seeded(seed)
+    model = Encoder(
+        features=features, d_model=d_model, heads=heads, ffn=ffn, layers=layers, classes=classes
+    )
+    model.train()
+    x = torch.randn(batch, tokens, features)
+    return model, x
+
+
+def build_transformer(quick: bool = False) -> Built:
+    """~31.6M parameters (10 layers of d_model 512, 8 heads, FFN 2048), batch 4 x 128."""
+    if quick:
+        return _encoder(seed=1, layers=2, d_model=256, heads=4, ffn=1024, batch=2, tokens=64)
+    return _encoder(seed=1, layers=10, d_model=512, heads=8, ffn=2048, batch=4, tokens=128)
+
+
+def build_ophavy(quick: bool = False) -> Built:
+    """200 tiny blocks (~11 ops each) on a 64 x 64 tensor: ~2,200 forward ops."""
+    _seeded(2)
+    blocks = 20 if quick else 200
+    model = OpHeavy(blocks, 64)
+    model.train()
+    return model, torch.randn(64, 64)
+
+
+def _depth(layers: int, quick: bool) -> Built:
+    if quick:
+        return _encoder(seed=3, layers=max(1, layers // 4), d_model=64, heads=4, ffn=256,
+                        batch=2, tokens=32)
+    return _encoder(seed=3, layers=layers, d_model=256, heads=4, ffn=1024, batch=4, tokens=128)
+
+
+def build_depth4(quick: bool = False) -> Built:
+    return _depth(4, quick)
+
+
+def build_depth8(quick: bool = False) -> Built:
+    return _depth(8, quick)
+
+
+def build_depth16(quick: bool = False) -> Built:
+    return _depth(16, quick)
+
+
+def build_depth32(quick: bool = False) -> Built:
+    return _depth(32, quick)
+
+
+BUILDERS: dict[str, Callable[[bool], Built]] = {
+    "transformer": build_transformer,
+    "ophavy": build_ophavy,
+    "depth4": build_depth4,
+    "depth8": build_depth8,
+    "depth16": build_depth16,
+    "depth32": build_depth32,
+}
+
+DEPTHS: dict[str, int] = {"depth4": 4, "depth8": 8, "depth16": 16, "depth32": 32}
+"""Layers of each depth model at full size (``--quick`` builds a quarter of that)."""
+
+
+def quick_layers(name: str) -> int:
+    """Layers of a depth model under ``--quick``."""
+    return max(1, DEPTHS[name] // 4)
