@@ -119,7 +119,12 @@ def test_plugin_is_registered_as_a_pytest11_entry_point() -> None:
     assert [e.value for e in found] == ["nan_hunter.pytest_plugin"]
 
 
-def test_generated_tests_pass_and_fail_as_expected(pytester: pytest.Pytester) -> None:
+def test_generated_tests_pass_and_fail_as_expected(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On CI (CI=true) pytest prints whole failure messages in its short summary too.
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("BUILD_NUMBER", raising=False)
     pytester.makepyfile(models=MODELS, test_amp=TESTS)
     result = pytester.runpytest("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=4, failed=3)
