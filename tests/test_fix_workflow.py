@@ -160,3 +160,17 @@ def test_report_fields_for_verification() -> None:
     assert (fix["applicability"], fix["verified"], fix["remaining"]) == ("safe", True, [])
     unverified = report_dict(scan_file(str(EXAMPLES / "matrix_inverse.py")))
     assert unverified["findings"][0]["fix"]["verified"] is None
+
+
+@pytest.mark.parametrize(
+    "example", [EXAMPLES / "matrix_inverse.py", EXAMPLES / "attention_unscaled.py"],
+    ids=lambda p: p.stem,
+)
+def test_fix_all_makes_every_bundled_example_with_findings_clean(
+    tmp_path: Path, example: Path
+) -> None:
+    path = _copy(tmp_path, example)
+    result = runner.invoke(app, ["scan", str(path), "--fix-all"])
+    assert result.exit_code == 0, result.stdout
+    assert "round 1: fixed" in result.stderr
+    assert scan_file(str(path)).errors == 0
