@@ -31,7 +31,7 @@ from nan_hunter.precision.formats import BF16, FP16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.rules.nh001_bad_input import BadInput
 from nan_hunter.rules.nh502_underflow_share import subnormal_share
-from nan_hunter.rules.registry import Candidate, classify, get_rule
+from nan_hunter.rules.registry import Candidate, advice_finding, classify, get_rule
 from nan_hunter.runner import Batch, PassResult, run_pass
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import format_number, tensor_stats
@@ -332,20 +332,12 @@ def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Fin
         c = Candidate(phase=Phase.FORWARD, event=event, fmt=fmt)
         plan = rule.fix(c)
         found.append(
-            Finding(
-                code=rule.code,
-                severity=Severity.WARNING,
-                kind=rule.kind,
+            advice_finding(
+                rule,
+                event,
                 phase=Phase.FORWARD,
-                op=event.op,
-                module=event.module,
-                location=event.location,
-                origin=False,
                 message=rule.message(c),
-                fix=Fix(plan.title, Applicability.DISPLAY_ONLY, None) if plan else None,
-                inputs=event.inputs,
-                outputs=event.outputs,
-                op_index=event.index,
+                fix_title=plan.title if plan else None,
             )
         )
     return found

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from nan_hunter.config import Settings
-from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
+from nan_hunter.findings import Finding, Phase
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import FlushStats, ScaleWindow, scale_advice
-from nan_hunter.rules.registry import get_rule
+from nan_hunter.rules.registry import advice_finding, get_rule
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.stats import format_number
 
@@ -50,18 +50,14 @@ def gradient_underflow(
         if window is not None and window.recommended is not None:
             title = f"Use torch.amp.GradScaler(init_scale=2**{window.recommended})"
         findings.append(
-            Finding(
-                code=rule.code,
-                severity=Severity.WARNING,
-                kind=Kind.UNDERFLOW,
+            advice_finding(
+                rule,
+                event,
                 phase=Phase.BACKWARD,
-                op=event.op,
-                module=module,
-                location=event.location,
-                origin=False,
                 message=message,
-                fix=Fix(title, Applicability.DISPLAY_ONLY, None),
-                op_index=event.index,
+                fix_title=title,
+                module=module,
+                stats=False,
             )
         )
     return findings

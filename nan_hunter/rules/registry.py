@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from nan_hunter.findings import Kind, Phase, Severity
+from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.trace.events import GradEvent, OpEvent
@@ -113,6 +113,35 @@ class Rule:
 
     def fix(self, c: Candidate) -> FixPlan | None:
         return None
+
+
+def advice_finding(
+    rule: Rule,
+    event: OpEvent,
+    *,
+    phase: Phase,
+    message: str,
+    fix_title: str | None,
+    module: str | None = None,
+    stats: bool = True,
+) -> Finding:
+    """A warning that is not an origin (NH402, NH501, NH502): located at ``event``, with
+    display-only advice."""
+    return Finding(
+        code=rule.code,
+        severity=Severity.WARNING,
+        kind=rule.kind,
+        phase=phase,
+        op=event.op,
+        module=event.module if module is None else module,
+        location=event.location,
+        origin=False,
+        message=message,
+        fix=Fix(fix_title, Applicability.DISPLAY_ONLY, None) if fix_title else None,
+        inputs=event.inputs if stats else (),
+        outputs=event.outputs if stats else (),
+        op_index=event.index,
+    )
 
 
 _REGISTRY: dict[str, Rule] = {}
