@@ -693,12 +693,6 @@ def test_forward_hook_that_replaces_the_output_is_traced() -> None:
     assert culprit.location.line == marker_line(THIS_FILE, "# <- hook scales")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nan_hunter/trace/modules.py ModuleTracker pops a module in its global forward hook "
-    "(register_module_forward_hook), and torch runs global forward hooks before the module's own, "
-    "so an op in the user's forward hook on fc2 is attributed to the parent module ('')",
-)
 def test_op_in_a_forward_hook_is_attributed_to_the_hooked_module() -> None:
     model = Net()
     model.fc2.register_forward_hook(lambda m, args, out: out * 1e6)

@@ -1,7 +1,8 @@
-"""Which module is running: state_dict-style paths tracked with global module hooks.
+"""Which module is running: state_dict-style paths tracked with module hooks.
 
-The hooks are global (``torch.nn.modules.module.register_module_forward_*``), so the user's own
-per-module hook dictionaries are never touched; they are removed when the tracker exits.
+A global forward pre hook pushes the module; a forward hook registered last on each module pops
+it after the user's own forward hooks ran. Everything is removed when the tracker exits, so the
+user's hook dictionaries end as they began.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ class ModuleTracker:
         self._on_output = on_output
         """Called with each module's forward output (the tracer marks what leaves a module)."""
         self._names: dict[int, str] = {}
+        self._modules: list[torch.nn.Module] = []
         for name, module in model.named_modules(remove_duplicate=False):
-            self._names.setdefault(id(module), name)
+            if id(module) not in self._names:
+                self._names[id(module)] = name
+                self._modules.append(module)
         self._stack: list[str] = []
         self._handles: list[RemovableHandle] = []
         self.executed: list[str] = []
@@ -57,11 +61,17 @@ class ModuleTracker:
     def __enter__(self) -> ModuleTracker:
         from torch.nn.modules import module as module_mod
 
-        self._handles = [
-            module_mod.register_module_forward_pre_hook(self._pre),
-            # Not always_call: after an exception the stack still names the failing module.
-            module_mod.register_module_forward_hook(self._post),
-        ]
+        # The pre hook is global (it runs before the module's own pre hooks, so their ops are
+        # the module's). The post hook is each module's own, registered last, so it runs after
+        # the user's forward hooks, whose ops are then attributed to the module too; it is
+        # removed on exit, leaving the user's hook dictionaries as they were. Not always_call:
+        # after an exception the stack still names the failing module.
+        self._handles = [module_mod.register_module_forward_pre_hook(self._pre)]
+        try:
+            self._handles.extend(m.register_forward_hook(self._post) for m in self._modules)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(
