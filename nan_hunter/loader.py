@@ -143,7 +143,7 @@ def as_batch(raw: Any, source: str) -> Batch:
 
 
 @contextmanager
-def _folder_on_path(folder: Path) -> Iterator[None]:
+def folder_on_path(folder: Path) -> Iterator[None]:
     """``folder`` first on ``sys.path``; no ``__pycache__`` written next to the user's files."""
     saved = list(sys.path)
     saved_bytecode = sys.dont_write_bytecode
@@ -170,13 +170,13 @@ def import_user_module(spec: str) -> ModuleType:
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         try:
-            with _folder_on_path(path.parent):
+            with folder_on_path(path.parent):
                 _run_user(lambda: module_spec.loader.exec_module(module), f"importing {spec}")  # type: ignore[union-attr]
         except BaseException:
             sys.modules.pop(name, None)
             raise
         return module
-    with _folder_on_path(Path.cwd()):
+    with folder_on_path(Path.cwd()):
         try:
             return _run_user(lambda: importlib.import_module(spec), f"importing {spec}")
         except UserCodeError as exc:

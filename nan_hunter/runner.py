@@ -8,7 +8,6 @@ so the user's ``.grad`` fields are never written in the first place.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from nan_hunter._nest import output_leaves
 from nan_hunter.errors import UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord
@@ -116,28 +116,17 @@ def _storage(t: torch.Tensor) -> int:
 
 def default_loss(output: Any) -> torch.Tensor:
     """Sum of the means of all floating-point tensors in ``output`` (any nesting)."""
-    terms = [t.float().mean() for t in _floating_tensors(output) if t.numel() > 0]
+    terms = [
+        t.float().mean()
+        for t in output_leaves(output)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+    ]
     if not terms:
         raise UserCodeError(
             "the model's output holds no floating-point tensor to build a loss from; "
             "define loss_fn(output, batch) in the model file"
         )
     return torch.stack(terms).sum()
-
-
-def _floating_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point():
-            yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _floating_tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _floating_tensors(value)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _floating_tensors(getattr(obj, f.name))
 
 
 def run_pass(

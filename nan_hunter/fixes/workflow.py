@@ -12,28 +12,18 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Applicability, Finding, Report
 from nan_hunter.fixes.apply import PatchConflict, apply_diffs
+from nan_hunter.loader import folder_on_path
 
 Rescan = Callable[[Path], Report]
 """Scans a model file with the options of the original scan."""
-
-
-@contextlib.contextmanager
-def _folder_on_path(folder: Path) -> Iterator[None]:
-    saved = list(sys.path)
-    sys.path.insert(0, str(folder))
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
 
 
 def _describe(f: Finding) -> str:
@@ -51,7 +41,7 @@ def scan_patched(original: Path, diffs: list[str], rescan: Rescan) -> Report:
     with tempfile.TemporaryDirectory(prefix="nan-hunter-verify-") as folder:
         copy = Path(folder) / original.name
         copy.write_text(text, encoding="utf-8")
-        with _folder_on_path(original.parent):
+        with folder_on_path(original.parent):
             return rescan(copy)
 
 
