@@ -15,6 +15,7 @@ from nan_hunter.errors import ConfigError
 from nan_hunter.findings import Report
 from nan_hunter.loader import Names, Target, as_batch, load_target, unwrap_model
 from nan_hunter.runner import LossFn
+from nan_hunter.suppressions import apply_suppressions
 
 
 def scan(
@@ -77,7 +78,7 @@ def scan(
         module_name=type(model).__module__,
         unwrapped=unwrapped,
     )
-    return scan_target(target, settings)
+    return apply_suppressions(scan_target(target, settings))
 
 
 _OPTIONS = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "sources")
@@ -138,6 +139,7 @@ def scan_file(
     weights: Path | None = None,
     batch_file: Path | None = None,
 ) -> Report:
-    """Load the model file ``spec`` (path or ``pkg.module``) and scan it."""
+    """Load the model file ``spec`` (path or ``pkg.module``) and scan it. Findings on a line
+    with a ``# nan-hunter: ignore[CODE] -- reason`` comment come back suppressed."""
     target = load_target(spec, names or Names(), weights=weights, batch_file=batch_file)
-    return scan_target(target, settings or load_settings())
+    return apply_suppressions(scan_target(target, settings or load_settings()))

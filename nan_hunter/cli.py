@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from nan_hunter.errors import NanHunterError
+from nan_hunter.terminal import ColorChoice, quiet_torch_numpy_warning
 
 if TYPE_CHECKING:
     from nan_hunter.findings import Report
@@ -29,9 +30,32 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from nan_hunter import __version__
+
+        typer.echo(f"nan-hunter {__version__}")
+        raise typer.Exit(EXIT_CLEAN)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Find where and why FP16 mixed precision breaks a PyTorch model, and get a patch."""
+    quiet_torch_numpy_warning()
 
 
 class OutputFormat(str, Enum):
@@ -82,7 +106,14 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command()
 def scan(
-    path: Annotated[str, typer.Argument(help="The model file (path or pkg.module).")],
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="Model files (paths or pkg.module), or folders: every .py file below that "
+            "defines the model function.",
+            show_default=False,
+        ),
+    ],
     model_fn: Annotated[
         str, typer.Option("--model-fn", help="Function that builds the model.")
     ] = "build_model",
@@ -145,8 +176,18 @@ def scan(
         bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings.")
     ] = False,
     color: Annotated[
-        bool | None, typer.Option("--color/--no-color", help="Colour the text report.")
-    ] = None,
+        ColorChoice,
+        typer.Option(
+            "--color",
+            help="Colour the text report: auto follows NO_COLOR, FORCE_COLOR and the terminal.",
+        ),
+    ] = ColorChoice.auto,
+    no_color: Annotated[
+        bool, typer.Option("--no-color", help="Same as --color never.", show_default=False)
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress display on stderr.")
+    ] = False,
     diff: Annotated[
         bool, typer.Option("--diff", help="Print the combined patch of the fixes, not the report.")
     ] = False,
@@ -184,10 +225,16 @@ def scan(
     """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
     from nan_hunter.api import scan_file
     from nan_hunter.config import load_settings
+    from nan_hunter.discovery import discover, search_start
+    from nan_hunter.findings import Failed
     from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
     from nan_hunter.fixes.workflow import fix_all as run_fix_all
     from nan_hunter.loader import Names, load_target
     from nan_hunter.report import render
+    from nan_hunter.report.combined import render_many
+    from nan_hunter.suppressions import apply_suppressions
+    from nan_hunter.targets import expand_paths
+    from nan_hunter.terminal import progress_display, report_width, wants_color
     from nan_hunter.watch import run_steps
 
     try:
@@ -207,16 +254,26 @@ def scan(
                 "verify_fixes": verify,
                 "lr": lr,
             },
+            project=discover(search_start(paths)),
         )
         names = Names(model_fn=model_fn, batch_fn=batch_fn, loss_fn=loss_fn)
+        if steps is not None and (fix or fix_all):
+            raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
+        files = expand_paths(paths, model_fn)
+        if len(files) > 1 and (diff or patch is not None):
+            raise NanHunterError("--diff and --patch take one model file, not several")
+    except NanHunterError as exc:
+        raise _fail(str(exc)) from None
+
+    def scan_one(path: str) -> Report:
+        """The report of one model file, after --steps, --fix-all, verification and --fix."""
 
         def rescan(file: Path) -> Report:
+            shown.step("verifying a fix: re-scan of a patched copy")
             return scan_file(
                 str(file), settings, names=names, weights=weights, batch_file=batch_file
             )
 
-        if steps is not None and (fix or fix_all):
-            raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
         if steps is not None:
             result = run_steps(
                 load_target(path, names, weights=weights, batch_file=batch_file), settings, steps
@@ -227,7 +284,7 @@ def scan(
                 else "no step broke; scanned the final weights"
             )
             typer.echo(f"nan-hunter: trained {result.steps_run} step(s); {where}", err=True)
-            report = result.report
+            report = apply_suppressions(result.report)
         else:
             report = scan_file(
                 path, settings, names=names, weights=weights, batch_file=batch_file
@@ -246,16 +303,43 @@ def scan(
             _say_applied(applied, "")
             if any(a.fixed for a in applied):
                 report = verify_fixes(rescan(Path(report.target.file)), rescan)
-    except NanHunterError as exc:
-        raise _fail(str(exc)) from None
-    except Exception as exc:  # a bug of ours: say so in one line
-        if os.environ.get("NAN_HUNTER_DEBUG"):
-            raise
-        raise _fail(
-            f"internal error: {type(exc).__name__}: {exc} (set NAN_HUNTER_DEBUG=1 for a traceback)"
-        ) from None
+        return report
 
-    use_color = sys.stdout.isatty() if color is None else color
+    reports: list[Report] = []
+    failed: list[Failed] = []
+    with progress_display(enabled=not quiet, files=len(files)) as shown:
+        for path in files:
+            shown.file(path)
+            try:
+                reports.append(scan_one(path))
+            except NanHunterError as exc:
+                if len(files) == 1:
+                    raise _fail(str(exc)) from None
+                typer.echo(f"nan-hunter: error: {path}: {exc}", err=True)
+                failed.append(Failed(path, str(exc)))
+            except Exception as exc:  # a bug of ours: say so in one line
+                if os.environ.get("NAN_HUNTER_DEBUG"):
+                    raise
+                message = (
+                    f"internal error: {type(exc).__name__}: {exc} "
+                    "(set NAN_HUNTER_DEBUG=1 for a traceback)"
+                )
+                if len(files) == 1:
+                    raise _fail(message) from None
+                typer.echo(f"nan-hunter: error: {path}: {message}", err=True)
+                failed.append(Failed(path, message))
+            shown.file_done()
+
+    use_color = wants_color(ColorChoice.never if no_color else color, sys.stdout)
+    width = report_width(sys.stdout)
+    if len(files) > 1:
+        text = render_many(
+            reports, failed, output_format.value, color=use_color and output is None, width=width
+        )
+        _emit(text, output)
+        codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
+        raise typer.Exit(EXIT_CLEAN if exit_zero and not failed else max(codes))
+    report = reports[0]
     if diff:
         fixes = [f.fix for f in report.findings if f.fix and f.fix.diff]
         chosen = [
@@ -266,12 +350,8 @@ def scan(
         typer.echo("".join(dict.fromkeys(d for d in chosen if d)), nl=False)
         code = report.exit_code(settings.fail_on)
         raise typer.Exit(EXIT_CLEAN if exit_zero else code)
-    text = render(report, output_format.value, color=use_color and output is None)
-    if output is not None:
-        _write(output, text)
-        typer.echo(f"nan-hunter: report written to {output}", err=True)
-    else:
-        typer.echo(text, nl=False)
+    text = render(report, output_format.value, color=use_color and output is None, width=width)
+    _emit(text, output)
     if patch is not None:
         diffs = list(dict.fromkeys(f.fix.diff for f in report.findings if f.fix and f.fix.diff))
         if diffs:
@@ -291,6 +371,14 @@ def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> N
             typer.echo(f"nan-hunter: {prefix}fixed {codes} in {a.file}{kept}", err=True)
         for f, why in a.skipped:
             typer.echo(f"nan-hunter: {prefix}not fixed: {f.code} ({why})", err=True)
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is not None:
+        _write(output, text)
+        typer.echo(f"nan-hunter: report written to {output}", err=True)
+    else:
+        typer.echo(text, nl=False)
 
 
 def _write(path: Path, text: str) -> None:
@@ -322,4 +410,5 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. NH101.")
 
 
 def main() -> None:
-    app()
+    quiet_torch_numpy_warning()
+    app(prog_name="nan-hunter")

@@ -1,4 +1,5 @@
-"""Settings: ``configs/default.yaml``, then ``--config FILE``, then command-line flags.
+"""Settings: ``configs/default.yaml``, then the project's file (``nan_hunter.discovery``), then
+``--config FILE``, then command-line flags.
 
 YAML is read with ``safe_load``; an unknown key or a value of the wrong type or choice is a
 ``ConfigError`` naming the key and the file.
@@ -11,13 +12,17 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from nan_hunter.errors import ConfigError
+from nan_hunter.resources import default_config_file
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+if TYPE_CHECKING:
+    from nan_hunter.discovery import ProjectConfig
+
+DEFAULT_CONFIG = default_config_file()
 
 _SHARES = frozenset({"underflow_share", "grad_underflow_share"})
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -144,13 +149,24 @@ def _merge(values: dict[str, Any], sources: dict[str, str], data: Mapping[str, A
         sources[key] = label
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A YAML settings file as a mapping (checked against the keys when merged)."""
+    return _read_yaml(path)
+
+
 def load_settings(
-    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+    config_file: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    project: ProjectConfig | None = None,
 ) -> Settings:
-    """Defaults, then ``config_file``, then ``overrides`` (entries that are None are skipped)."""
+    """Defaults, then the ``project`` settings (a discovered ``pyproject.toml`` or
+    ``nan-hunter.yaml``), then ``config_file``, then ``overrides`` (None entries are skipped)."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     _merge(values, sources, _read_yaml(DEFAULT_CONFIG), str(DEFAULT_CONFIG), "default")
+    if project is not None:
+        _merge(values, sources, project.values, project.label, project.label)
     if config_file is not None:
         _merge(values, sources, _read_yaml(config_file), str(config_file), str(config_file))
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}

@@ -29,6 +29,7 @@ from nan_hunter.loader import Target
 from nan_hunter.precision.context import PrecisionPlan, fp32_context
 from nan_hunter.precision.formats import BF16, FP16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
+from nan_hunter.progress import announce
 from nan_hunter.rules.nh001_bad_input import BadInput
 from nan_hunter.rules.nh502_underflow_share import subnormal_share
 from nan_hunter.rules.registry import Candidate, advice_finding, classify, get_rule
@@ -65,6 +66,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
     )
     scale = settings.grad_scale or 1.0
     log = GradientLog(fmt) if plan.emulate and settings.backward else None
+    announce(f"{settings.dtype} {settings.mode} pass{' + backward' if settings.backward else ''}")
     low = run_pass(
         model,
         _fresh(batch),
@@ -80,6 +82,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
     window = _scale_window(low, log, scale, settings, target, plan, model, batch)
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
+        announce("FP32 reference pass")
         ref = run_pass(
             model,
             _fresh(batch),
@@ -130,6 +133,7 @@ def _scale_window(
     measured = low
     if scale != 1.0 and backward_origins(low) and not forward_origins(low):
         log = GradientLog(plan.fmt)
+        announce("unscaled backward for the loss-scale window")
         measured = run_pass(
             model,
             _fresh(batch),

@@ -83,6 +83,15 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class Suppression:
+    """A ``# nan-hunter: ignore[CODE] -- reason`` comment that suppresses a finding."""
+
+    reason: str
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
 class Finding:
     code: str
     severity: Severity
@@ -100,6 +109,8 @@ class Finding:
     upstream: OpRef | None = None
     op_index: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    suppression: Suppression | None = None
+    """Set when an inline comment suppresses the finding: it is listed, but not counted."""
 
     @property
     def is_error(self) -> bool:
@@ -120,6 +131,14 @@ class ScanTarget:
 
 
 @dataclass(frozen=True)
+class Failed:
+    """A path of a multi-path run that could not be scanned (load error, model error)."""
+
+    path: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Report:
     target: ScanTarget
     findings: tuple[Finding, ...]
@@ -137,25 +156,36 @@ class Report:
     """The loss-scale window measured in the emulated backward (None when it did not run)."""
 
     @property
+    def active(self) -> tuple[Finding, ...]:
+        """The findings that count: all but those suppressed by an inline comment."""
+        return tuple(f for f in self.findings if f.suppression is None)
+
+    @property
+    def suppressed(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.suppression is not None)
+
+    @property
     def errors(self) -> int:
-        return sum(1 for f in self.findings if f.severity is Severity.ERROR)
+        return sum(1 for f in self.active if f.severity is Severity.ERROR)
 
     @property
     def warnings(self) -> int:
         listed = sum(1 for f in self.findings if f.severity is Severity.WARNING)
-        return max(self.warnings_total, listed)
+        active = sum(1 for f in self.active if f.severity is Severity.WARNING)
+        return max(self.warnings_total - (listed - active), active)
 
     @property
     def status(self) -> str:
-        return "findings" if self.findings else "clean"
+        return "findings" if self.active else "clean"
 
     def exit_code(self, fail_on: str = "error") -> int:
         threshold = {Severity.ERROR} if fail_on == "error" else {Severity.ERROR, Severity.WARNING}
-        return 1 if any(f.severity in threshold for f in self.findings) else 0
+        return 1 if any(f.severity in threshold for f in self.active) else 0
 
-    def render(self, fmt: str = "text", color: bool = False, width: int = 100) -> str:
+    def render(self, fmt: str = "text", color: bool = False, width: int | None = None) -> str:
         """The report in ``fmt`` (text, json, markdown, sarif, github, junit), as the CLI prints
-        it; ``color`` and ``width`` apply to text only."""
+        it; ``color`` and ``width`` (columns, at least 80; None: lines unwrapped) apply to text
+        only."""
         from nan_hunter.report import render  # lazy: nan_hunter.report imports this module
 
         return render(self, fmt, color=color, width=width)

@@ -38,6 +38,7 @@ from nan_hunter.errors import ConfigError, NanHunterError, UserCodeError, first_
 from nan_hunter.findings import Report
 from nan_hunter.loader import Target
 from nan_hunter.precision.formats import format_for
+from nan_hunter.progress import announce
 from nan_hunter.runner import Batch, LossFn, default_loss
 
 OnProblem = Literal["report", "raise", "stop"]
@@ -587,6 +588,7 @@ def run_steps(
     scale = _ScaleWatch.start(scaler, skip_patience, scale_floor) if scaler else None
 
     for index in range(steps):
+        announce(f"training step {index + 1}/{steps}")
         start = _state(model)
         optimizer.zero_grad(set_to_none=True)
         batch = _batch_copy(target.batch, device, dtype if half else None)

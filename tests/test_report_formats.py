@@ -70,7 +70,7 @@ GOLDEN_CASES = [
 )
 def test_golden_report(path: Path, fmt: str, update_golden: bool) -> None:
     settings = load_settings(overrides=_options(path))
-    rendered = render(_stable(scan_file(str(path), settings)), fmt, width=100)
+    rendered = render(_stable(scan_file(str(path), settings)), fmt)
     golden = GOLDEN / f"{path.stem}.{'txt' if fmt == 'text' else 'json'}"
     if update_golden or not golden.exists():
         golden.write_text(rendered, encoding="utf-8")

@@ -92,7 +92,7 @@ def apply_fixes(
     """Write every applicable fix of ``report`` into its file (one write per file)."""
     by_file: dict[Path, list[Finding]] = {}
     skipped: dict[Path, list[tuple[Finding, str]]] = {}
-    for f in report.findings:
+    for f in report.active:  # a suppressed finding is the user's call: never fixed
         reason = _applicable(f, unsafe)
         if reason is not None and not f.is_error:
             continue  # warnings without an automatic fix are not worth a "not fixed" line

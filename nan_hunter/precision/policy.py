@@ -9,13 +9,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import yaml
 
 from nan_hunter.errors import ConfigError
-
-POLICY_DIR = Path(__file__).resolve().parents[1] / "configs" / "policies"
+from nan_hunter.resources import policy_dir
 
 
 class Cast(str, enum.Enum):
@@ -42,9 +40,10 @@ class Policy:
 
 @cache
 def load_policy(device: str) -> Policy:
-    path = POLICY_DIR / f"{device}.yaml"
+    folder = policy_dir()
+    path = folder / f"{device}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in POLICY_DIR.glob("*.yaml")))
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
         raise ConfigError(f"no autocast policy table for device {device!r} (known: {known})")
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     casts: dict[str, Cast] = {}

@@ -24,7 +24,9 @@ _PLAIN: dict[str, Callable[[Report], str]] = {
 """Formats with no terminal options (everything but text)."""
 
 
-def render(report: Report, fmt: str, *, color: bool = False, width: int = 100) -> str:
+def render(report: Report, fmt: str, *, color: bool = False, width: int | None = None) -> str:
+    """``report`` in ``fmt``; ``width`` lays the text report out to that many columns (at least
+    80), None writes its lines unwrapped."""
     if fmt == "text":
         return render_text(report, color=color, width=width)
     emitter = _PLAIN.get(fmt)

@@ -13,7 +13,7 @@ COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO:
 
 
 def render_github(report: Report) -> str:
-    lines = [annotation(f) for f in report.findings]
+    lines = [annotation(f) for f in report.active]  # suppressed findings are not annotated
     lines.append(_summary(report))
     return "\n".join(lines) + "\n"
 

@@ -30,6 +30,18 @@ def _upstream(ref: OpRef | None) -> dict[str, Any] | None:
 
 
 def finding_dict(f: Finding) -> dict[str, Any]:
+    data = _finding_fields(f)
+    if f.suppression is not None:  # only then, so reports without suppressions keep their shape
+        data["suppressed"] = True
+        data["suppression"] = {
+            "reason": f.suppression.reason,
+            "file": display_path(f.suppression.file),
+            "line": f.suppression.line,
+        }
+    return data
+
+
+def _finding_fields(f: Finding) -> dict[str, Any]:
     return {
         "code": f.code,
         "severity": f.severity.value,
@@ -87,7 +99,8 @@ def report_dict(report: Report) -> dict[str, Any]:
             "warnings": report.warnings,
             "propagated": report.propagated,
             "seconds": round(report.seconds, 4),
-        },
+        }
+        | ({"suppressed": len(report.suppressed)} if report.suppressed else {}),
     }
 
 

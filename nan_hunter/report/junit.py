@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 
-from nan_hunter.findings import Finding, Report
+from nan_hunter.findings import Failed, Finding, Report
 from nan_hunter.report.paths import display_path
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -17,24 +18,42 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def render_junit(report: Report) -> str:
-    errors = [f for f in report.findings if f.is_error]
-    target = display_path(report.target.file)
+    return render_junit_many([report])
+
+
+def render_junit_many(reports: Sequence[Report], failed: Sequence[Failed] = ()) -> str:
+    """One suite: a test case per scanned file, and one with an ``error`` per file that could
+    not be scanned."""
+    cases = [_case(report) for report in reports]
+    failures = sum(1 for _, failing in cases if failing)
+    seconds = sum(report.seconds for report in reports)
     suite = ET.Element(
         "testsuite",
         {
             "name": "nan-hunter",
-            "tests": "1",
-            "failures": "1" if errors else "0",
-            "errors": "0",
-            "time": f"{report.seconds:.3f}",
+            "tests": str(len(reports) + len(failed)),
+            "failures": str(failures),
+            "errors": str(len(failed)),
+            "time": f"{seconds:.3f}",
         },
     )
-    case = ET.SubElement(
-        suite,
+    suite.extend(case for case, _ in cases)
+    for failure in failed:
+        attributes = {"classname": "nan-hunter", "name": _xml(failure.path), "time": "0.000"}
+        case = ET.SubElement(suite, "testcase", attributes)
+        ET.SubElement(case, "error", {"message": _xml(failure.message), "type": "error"})
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _case(report: Report) -> tuple[ET.Element, bool]:
+    errors = [f for f in report.active if f.is_error]
+    target = display_path(report.target.file)
+    case = ET.Element(
         "testcase",
         {"classname": "nan-hunter", "name": _xml(target), "time": f"{report.seconds:.3f}"},
     )
-    listing = "\n".join(_line(f, target) for f in report.findings)
+    listing = "\n".join(_line(f, target) for f in report.active)
     if errors:
         first = errors[0]
         noun = "error" if len(errors) == 1 else "errors"
@@ -44,10 +63,9 @@ def render_junit(report: Report) -> str:
             {"message": _xml(f"{len(errors)} {noun}: {first.message}"), "type": first.code},
         )
         failure.text = _xml(listing)
-    elif report.findings:
+    elif report.active:
         ET.SubElement(case, "system-out").text = _xml(listing)
-    ET.indent(suite)
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+    return case, bool(errors)
 
 
 def _line(f: Finding, target: str) -> str:

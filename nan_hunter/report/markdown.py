@@ -24,15 +24,26 @@ def render_markdown(report: Report) -> str:
         f"# nan-hunter: {_code(display_path(t.file))} ({t.mode}, {t.dtype}, {t.device}, "
         f"policy {_prose(t.policy)}): {report.status}"
     ]
-    errors = [f for f in report.findings if f.severity is Severity.ERROR]
-    others = [f for f in report.findings if f.severity is not Severity.ERROR]
+    errors = [f for f in report.active if f.severity is Severity.ERROR]
+    others = [f for f in report.active if f.severity is not Severity.ERROR]
     blocks.extend(_error(f) for f in errors)
     if others:
         blocks.append(_warnings(report, others))
-    if not report.findings:
+    if report.suppressed:
+        blocks.append(_suppressed(report.suppressed))
+    if not report.active:
         blocks.append("No findings.")
     blocks.append(_summary(report))
     return "\n\n".join(blocks) + "\n"
+
+
+def _suppressed(findings: Iterable[Finding]) -> str:
+    lines = ["## Suppressed", ""]
+    for f in findings:
+        assert f.suppression is not None
+        where = f" at {_where(f.location)}" if f.location else ""
+        lines.append(f"- **{f.code}**{where}: {_prose(f.suppression.reason)}")
+    return "\n".join(lines)
 
 
 def _error(f: Finding) -> str:

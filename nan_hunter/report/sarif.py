@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from urllib.parse import quote
 
 from nan_hunter import __version__
 from nan_hunter.findings import Finding, Fix, OpRef, Report, Severity
-from nan_hunter.report.paths import display_path
+from nan_hunter.report.paths import repository_relative
 from nan_hunter.rules.registry import Rule, all_rules
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -53,7 +54,16 @@ def render_sarif(report: Report) -> str:
     return json.dumps(sarif_dict(report), indent=2) + "\n"
 
 
+def render_sarif_many(reports: Sequence[Report]) -> str:
+    """One run holding the results of every report, in order."""
+    return json.dumps(sarif_dict_many(reports), indent=2) + "\n"
+
+
 def sarif_dict(report: Report) -> dict[str, Any]:
+    return sarif_dict_many([report])
+
+
+def sarif_dict_many(reports: Sequence[Report]) -> dict[str, Any]:
     rules = all_rules()
     index = {rule.code: i for i, rule in enumerate(rules)}
     driver = {
@@ -70,7 +80,7 @@ def sarif_dict(report: Report) -> dict[str, Any]:
                 "tool": {"driver": driver},
                 "columnKind": "unicodeCodePoints",
                 "results": [_result(f, index.get(f.code), report.target.file)
-                            for f in report.findings],
+                            for report in reports for f in report.findings],
             }
         ],
     }
@@ -108,6 +118,10 @@ def _result(f: Finding, rule_index: int | None, target_file: str) -> dict[str, A
         result["locations"] = [location]
     if f.upstream is not None and f.upstream.location is not None:
         result["relatedLocations"] = [_related(f.upstream)]
+    if f.suppression is not None:
+        result["suppressions"] = [
+            {"kind": "inSource", "status": "accepted", "justification": f.suppression.reason}
+        ]
     if f.fix is not None and f.fix.diff:
         base = f.fix.file or (f.location.file if f.location else target_file)
         changes = _artifact_changes(f.fix.diff, Path(base).parent)
@@ -118,11 +132,13 @@ def _result(f: Finding, rule_index: int | None, target_file: str) -> dict[str, A
 
 
 def _artifact(path: str) -> dict[str, Any]:
-    """``%SRCROOT%``-relative below the working directory, else an absolute ``file:`` URI."""
-    shown = display_path(path)
-    if Path(shown).is_absolute():
-        return {"uri": Path(shown).as_uri()}
-    return {"uri": quote(shown), "uriBaseId": "%SRCROOT%"}
+    """Relative to ``%SRCROOT%``, the repository holding the working directory (the working
+    directory outside a repository), for a file inside it: the form code scanning maps onto the
+    repository's files. Any other file (an installed library) gets an absolute ``file:`` URI."""
+    relative = repository_relative(path)
+    if relative is None:
+        return {"uri": Path(path).resolve().as_uri()}
+    return {"uri": quote(relative), "uriBaseId": "%SRCROOT%"}
 
 
 def _related(ref: OpRef) -> dict[str, Any]:

@@ -1,4 +1,10 @@
-"""The terminal report (rich): culprit first, with code, stats, FP32 verdict, fix and diff."""
+"""The terminal report (rich): culprit first, with code, stats, FP32 verdict, fix and diff.
+
+With a ``width`` (a terminal's), rich lays the report out to it: a long headline or row wraps with a
+hanging indent under its own text (labels stay in their column). Without one (a pipe, a file, the
+golden files) every line is written whole, as long as it is. Diffs are never wrapped: they stay
+copyable.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from io import StringIO
 from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
+from rich.text import Text
 
 from nan_hunter.findings import Finding, Phase, Report, ScanTarget, Severity
 from nan_hunter.precision.formats import FloatFormat, format_for
@@ -17,26 +24,32 @@ from nan_hunter.trace.stats import format_number
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
-def render_text(report: Report, *, color: bool = False, width: int = 100) -> str:
+MIN_WIDTH = 80
+"""The narrowest layout: a narrower terminal gets lines of 80 columns (its own wrapping)."""
+
+
+def render_text(report: Report, *, color: bool = False, width: int | None = None) -> str:
+    """The report; laid out to ``width`` columns (at least 80) when given, else unwrapped."""
     buffer = StringIO()
     console = Console(
         file=buffer,
-        width=width,
+        width=max(width, MIN_WIDTH) if width is not None else 100,
         force_terminal=color,
         no_color=not color,
         highlight=False,
         emoji=False,
-        soft_wrap=True,
+        soft_wrap=width is None,
     )
     t = report.target
-    console.print(
+    _paragraph(
+        console,
         f"[bold]nan-hunter[/] {escape(display_path(t.file))}: {t.mode} {t.dtype} on {t.device} "
-        f"(policy {t.policy})"
+        f"(policy {t.policy})",
     )
     for note in t.notes:
-        console.print(f"  [dim]note[/]  {escape(note)}")
-    errors = [f for f in report.findings if f.severity is Severity.ERROR]
-    warnings = [f for f in report.findings if f.severity is not Severity.ERROR]
+        _hanging(console, "  [dim]note[/] ", escape(note))
+    errors = [f for f in report.active if f.severity is Severity.ERROR]
+    warnings = [f for f in report.active if f.severity is not Severity.ERROR]
     for finding in errors:
         console.print()
         _finding(console, finding, detailed=True)
@@ -45,10 +58,17 @@ def render_text(report: Report, *, color: bool = False, width: int = 100) -> str
         console.print(f"[bold]warnings[/] ({report.warnings})")
         for finding in warnings:
             _finding(console, finding, detailed=False)
+    if report.suppressed:
+        console.print()
+        console.print(f"[bold]suppressed[/] ({len(report.suppressed)})")
+        for finding in report.suppressed:
+            _finding(console, finding, detailed=False)
     console.print()
     if report.loss_scale is not None and any(f.phase is Phase.BACKWARD for f in report.findings):
-        console.print(f"[bold]loss scale[/]: {escape(scale_advice(report.loss_scale, _fmt(t)))}")
-    console.print(_summary(report))
+        _paragraph(
+            console, f"[bold]loss scale[/]: {escape(scale_advice(report.loss_scale, _fmt(t)))}"
+        )
+    _paragraph(console, _summary(report))
     return buffer.getvalue()
 
 
@@ -57,13 +77,18 @@ def _fmt(target: ScanTarget) -> FloatFormat:
 
 
 def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
-    style = _STYLE[f.severity]
-    console.print(
-        f"[{style}]{f.severity.value}[{f.code}][/] [bold]{f.kind.value}[/]: {escape(f.message)}"
+    style = _STYLE[f.severity] if f.suppression is None else "dim"
+    _hanging(
+        console,
+        f"[{style}]{f.severity.value}[{f.code}][/]",
+        f"[bold]{f.kind.value}[/]: {escape(f.message)}",
     )
+    if f.suppression is not None:
+        _hanging(console, "  [dim]suppressed:[/]", escape(f.suppression.reason))
     if f.location is not None:
-        console.print(f"  [blue]-->[/] {escape(display_path(f.location.file))}:{f.location.line}")
-        console.print(f"   [blue]|[/]  {escape(f.location.code)}")
+        where = f"{escape(display_path(f.location.file))}:{f.location.line}"
+        _hanging(console, "  [blue]-->[/]", where)
+        _hanging(console, "   [blue]|[/] ", escape(f.location.code))
     if not detailed:
         return
     rows: list[tuple[str, str]] = []
@@ -88,12 +113,55 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
         if f.fix.verified is not None and f.fix.remaining:
             rows.append(("after fix", "; ".join(f.fix.remaining)))
     rows.extend(("also", note) for note in f.notes)
-    label_width = max((len(label) for label, _ in rows), default=0)
-    for label, value in rows:
-        console.print(f"  [dim]{label.ljust(label_width)}[/]  {escape(value)}")
+    _rows(console, rows)
     if f.fix is not None and f.fix.diff:
         console.print(Syntax(f.fix.diff.rstrip("\n"), "diff", theme="ansi_dark",
-                             background_color="default"))
+                             background_color="default"), soft_wrap=True)
+
+
+def _hanging(console: Console, head: str, body: str) -> None:
+    """``head body`` on one line; when wrapped, the body's next lines start under its first."""
+    if console.soft_wrap:
+        console.print(f"{head} {body}")
+        return
+    _wrapped(console, Text.from_markup(head), Text.from_markup(body))
+
+
+def _rows(console: Console, rows: list[tuple[str, str]]) -> None:
+    """Label/value rows under a finding: labels in a column of their own, values beside them."""
+    if not rows:
+        return
+    label_width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        if console.soft_wrap:
+            console.print(f"  [dim]{label.ljust(label_width)}[/]  {escape(value)}")
+        else:
+            head = Text.assemble("  ", (label.ljust(label_width), "dim"), " ")
+            _wrapped(console, head, Text(value))
+
+
+def _paragraph(console: Console, markup: str) -> None:
+    """A line of prose; when wrapped, its next lines are indented by two columns."""
+    if console.soft_wrap:
+        console.print(markup)
+        return
+    text = Text.from_markup(markup)
+    first, *rest = text.wrap(console, console.width, overflow="fold")
+    first.rstrip()
+    console.print(first, soft_wrap=True)
+    if rest:
+        _wrapped(console, Text(" "), Text(" ").join(rest))
+
+
+def _wrapped(console: Console, head: Text, body: Text) -> None:
+    """``head`` then ``body`` wrapped (rich's word wrap, long words folded) into the columns
+    right of it, every further line indented to where the body starts."""
+    indent = head.cell_len + 1
+    lines = body.wrap(console, max(console.width - indent, 20), overflow="fold")
+    for i, line in enumerate(lines):
+        line.rstrip()
+        prefix = Text.assemble(head, " ") if i == 0 else Text(" " * indent)
+        console.print(Text.assemble(prefix, line), soft_wrap=True)
 
 
 def _fix_status(f: Finding) -> str:
@@ -122,13 +190,14 @@ def verdict_sentence(f: Finding) -> str:
 
 
 def _summary(report: Report) -> str:
-    origins = sum(1 for f in report.findings if f.origin and f.severity is Severity.ERROR)
-    status = "[bold green]clean[/]" if not report.findings else "[bold red]findings[/]"
-    if report.findings and not report.errors:
+    origins = sum(1 for f in report.active if f.origin and f.severity is Severity.ERROR)
+    status = "[bold green]clean[/]" if not report.active else "[bold red]findings[/]"
+    if report.active and not report.errors:
         status = "[bold yellow]warnings only[/]"
+    suppressed = f", {len(report.suppressed)} suppressed" if report.suppressed else ""
     return (
         f"{status}: {report.ops} ops traced, {report.backward_nodes} backward nodes, "
         f"{origins} origin{'s' if origins != 1 else ''}, {report.propagated} propagated, "
-        f"{report.warnings} warning{'s' if report.warnings != 1 else ''} "
+        f"{report.warnings} warning{'s' if report.warnings != 1 else ''}{suppressed} "
         f"in {report.seconds:.2f}s"
     )

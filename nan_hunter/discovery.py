@@ -1,0 +1,98 @@
+"""Find the project's nan-hunter settings: the nearest ``nan-hunter.yaml``, ``.nan-hunter.yaml``
+or ``pyproject.toml`` with a ``[tool.nan-hunter]`` table.
+
+The search starts in the folder of the scanned paths (their common folder when there are several;
+the working directory when there are none) and walks up to the filesystem root. The first folder
+that holds any of the three files decides; within a folder ``nan-hunter.yaml`` comes before
+``.nan-hunter.yaml``, which comes before ``pyproject.toml``. A ``pyproject.toml`` without a
+``[tool.nan-hunter]`` table does not count. Keys in ``pyproject.toml`` may be spelled with
+hyphens (``fail-on``) or underscores (``fail_on``).
+
+Settings then apply in this order, each overriding the one before: ``configs/default.yaml``,
+the discovered file, ``--config FILE``, command-line flags.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nan_hunter.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+YAML_NAMES = ("nan-hunter.yaml", ".nan-hunter.yaml")
+PYPROJECT = "pyproject.toml"
+TABLE = "nan-hunter"
+
+
+@dataclass(frozen=True)
+class ProjectConfig:
+    """Settings found in a project file: the file and its raw key/value pairs."""
+
+    path: Path
+    values: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The file as a setting's source: ``/path/pyproject.toml [tool.nan-hunter]``."""
+        suffix = f" [tool.{TABLE}]" if self.path.name == PYPROJECT else ""
+        return f"{self.path}{suffix}"
+
+
+def search_start(paths: Iterable[str]) -> Path:
+    """The folder the search starts in: the common folder of ``paths`` that exist on disk (a
+    file's own folder), or the working directory."""
+    folders = []
+    for raw in paths:
+        path = Path(raw)
+        if path.exists():
+            resolved = path.resolve()
+            folders.append(resolved if resolved.is_dir() else resolved.parent)
+    if not folders:
+        return Path.cwd().resolve()
+    return Path(os.path.commonpath([str(f) for f in folders]))
+
+
+def discover(start: Path) -> ProjectConfig | None:
+    """The nearest project settings at or above ``start``; None when there are none."""
+    for folder in (start, *start.parents):
+        for name in YAML_NAMES:
+            candidate = folder / name
+            if candidate.is_file():
+                return ProjectConfig(candidate, _read_yaml(candidate))
+        pyproject = folder / PYPROJECT
+        if pyproject.is_file():
+            table = _read_pyproject(pyproject)
+            if table is not None:
+                return ProjectConfig(pyproject, table)
+    return None
+
+
+def _read_yaml(path: Path) -> Mapping[str, Any]:
+    from nan_hunter.config import read_config_file
+
+    return read_config_file(path)
+
+
+def _read_pyproject(path: Path) -> Mapping[str, Any] | None:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    tool = data.get("tool")
+    if not isinstance(tool, dict) or TABLE not in tool:
+        return None
+    table = tool[TABLE]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.{TABLE}] must be a table of settings")
+    return {key.replace("-", "_"): value for key, value in table.items()}

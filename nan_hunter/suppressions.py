@@ -1,0 +1,115 @@
+"""Inline suppressions: a comment on a finding's line that the user has judged it.
+
+    scores = q @ k.transpose(-2, -1)  # nan-hunter: ignore[NH102] -- scores are masked to 1e4 first
+
+The comment names one or more rule codes or prefixes (``ignore[NH102, NH5]``) and must give a
+reason after ``--``. A suppressed finding stays in the report, marked with its reason, and does
+not count toward the exit code. A suppression without a reason suppresses nothing: the finding
+stays active and the report says why in a note on the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+import tokenize
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from nan_hunter.findings import Finding, Report, Suppression
+
+SYNTAX = "# nan-hunter: ignore[CODE] -- reason"
+_DIRECTIVE = re.compile(
+    r"nan-hunter:\s*ignore\[\s*(?P<codes>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*)\s*\]"
+    r"(?P<rest>.*)$"
+)
+
+
+@dataclass(frozen=True)
+class Directive:
+    """One ``# nan-hunter: ignore[...]`` comment."""
+
+    line: int
+    codes: tuple[str, ...]
+    reason: str
+
+    def covers(self, code: str) -> bool:
+        return any(code.startswith(prefix) for prefix in self.codes)
+
+
+def parse_comment(comment: str, line: int) -> Directive | None:
+    """The directive in one comment (``# ...`` text), or None when it holds none."""
+    match = _DIRECTIVE.search(comment)
+    if match is None:
+        return None
+    codes = tuple(code.strip().upper() for code in match.group("codes").split(","))
+    reason = match.group("rest").strip()
+    reason = reason.removeprefix("--").strip() if reason.startswith("--") else ""
+    return Directive(line=line, codes=codes, reason=reason)
+
+
+@lru_cache(maxsize=256)
+def _directives(path: str, mtime_ns: int) -> dict[int, Directive]:
+    try:
+        source = Path(path).read_bytes()
+    except OSError:
+        return {}
+    found: dict[int, Directive] = {}
+    try:
+        for token in tokenize.tokenize(io.BytesIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                directive = parse_comment(token.string, token.start[0])
+                if directive is not None:
+                    found[directive.line] = directive
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
+        return {}
+    return found
+
+
+def directives_in(path: str) -> dict[int, Directive]:
+    """The directives of a source file by line (cached per file modification time)."""
+    try:
+        mtime = Path(path).stat().st_mtime_ns
+    except (OSError, ValueError):
+        return {}
+    return _directives(path, mtime)
+
+
+def apply_suppressions(report: Report) -> Report:
+    """``report`` with each finding whose line carries a matching directive marked suppressed;
+    a matching directive without a reason is named in a note on the target instead."""
+    findings: list[Finding] = []
+    notes: list[str] = []
+    for f in report.findings:
+        directive = _directive_for(f)
+        if directive is None or f.suppression is not None:
+            findings.append(f)
+        elif directive.reason:
+            assert f.location is not None
+            suppression = Suppression(directive.reason, f.location.file, directive.line)
+            findings.append(dataclasses.replace(f, suppression=suppression))
+        else:
+            findings.append(f)
+            assert f.location is not None
+            notes.append(
+                f"{f.location.render()}: ignore[{', '.join(directive.codes)}] has no reason, so "
+                f"{f.code} is not suppressed; write `{SYNTAX}`"
+            )
+    if findings == list(report.findings) and not notes:
+        return report
+    target = dataclasses.replace(report.target, notes=_unique((*report.target.notes, *notes)))
+    return dataclasses.replace(report, target=target, findings=tuple(findings))
+
+
+def _directive_for(f: Finding) -> Directive | None:
+    if f.location is None or f.location.file.startswith("<"):
+        return None
+    directive = directives_in(f.location.file).get(f.location.line)
+    return directive if directive is not None and directive.covers(f.code) else None
+
+
+def _unique(notes: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(notes))

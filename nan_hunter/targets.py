@@ -1,0 +1,75 @@
+"""The model files of a run: paths as given, folders expanded to the files that define the model.
+
+A folder stands for every ``.py`` file below it (sorted; hidden folders, ``__pycache__`` and
+virtual environments skipped) that defines the model function at its top level (``def
+build_model``, an assignment, or an import under that name). A file that does not parse is kept
+when it mentions the name, so its error is reported rather than skipped. A file path or a
+``pkg.module`` spec is kept as given.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from nan_hunter.errors import LoadError
+
+_SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages"})
+
+
+def expand_paths(paths: Iterable[str], model_fn: str) -> list[str]:
+    """The files to scan, in order, without duplicates."""
+    files: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = [str(p) for p in _python_files(path) if defines(p, model_fn)]
+            if not found:
+                raise LoadError(f"{raw}: no .py file below this folder defines {model_fn}()")
+            files.extend(found)
+        else:
+            files.append(raw)
+    return list(dict.fromkeys(files))
+
+
+def _python_files(folder: Path) -> Iterator[Path]:
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.is_dir():
+            if entry.name.startswith(".") or entry.name in _SKIPPED_FOLDERS:
+                continue
+            if (entry / "pyvenv.cfg").is_file():  # a virtual environment
+                continue
+            yield from _python_files(entry)
+        elif entry.suffix == ".py" and entry.is_file():
+            yield entry
+
+
+def defines(path: Path, name: str) -> bool:
+    """Whether the module at ``path`` binds ``name`` at its top level."""
+    try:
+        source = path.read_bytes()
+    except OSError:
+        return False
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except (SyntaxError, ValueError):
+        return name.encode() in source
+    return any(name in _bound_names(node) for node in tree.body)
+
+
+def _bound_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    if isinstance(node, (ast.If, ast.Try)):
+        inner = [*node.body, *node.orelse]
+        if isinstance(node, ast.Try):
+            inner += [*node.finalbody, *(s for h in node.handlers for s in h.body)]
+        return set().union(*(_bound_names(s) for s in inner)) if inner else set()
+    return set()
