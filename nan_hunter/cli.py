@@ -99,6 +99,20 @@ class FailOn(str, Enum):
     warning = "warning"
 
 
+def _default(key: str, yes: str = "", no: str = "") -> str:
+    """A setting's default for --help (the project's config or --config may change it)."""
+    from nan_hunter.config import Settings
+
+    value = getattr(Settings(), key)
+    if isinstance(value, bool) and yes:
+        value = yes if value else no
+    elif isinstance(value, tuple):
+        value = ",".join(value) or "none"
+    elif value is None:
+        value = "none"
+    return f"  [default: {value}, unless configured]"
+
+
 def _fail(message: str) -> typer.Exit:
     typer.echo(f"nan-hunter: error: {message}", err=True)
     return typer.Exit(EXIT_ERROR)
@@ -129,30 +143,52 @@ def scan(
     batch_file: Annotated[
         Path | None, typer.Option("--batch-file", help="Saved batch to use instead of batch-fn.")
     ] = None,
-    dtype: Annotated[DType | None, typer.Option(help="Low-precision dtype.")] = None,
-    device: Annotated[Device | None, typer.Option(help="auto = cuda when available.")] = None,
+    dtype: Annotated[
+        DType | None, typer.Option(help="Low-precision dtype." + _default("dtype"))
+    ] = None,
+    device: Annotated[
+        Device | None,
+        typer.Option(help="auto = cuda when available." + _default("device")),
+    ] = None,
     policy: Annotated[
         Policy | None,
-        typer.Option(help="Autocast op lists to apply: cuda (also on a CPU), cpu, native."),
+        typer.Option(
+            help="Autocast op lists to apply: cuda (also on a CPU), cpu, native."
+            + _default("policy"),
+        ),
     ] = None,
     mode: Annotated[
-        Mode | None, typer.Option(help="autocast, or half: model and batch in FP16.")
+        Mode | None,
+        typer.Option(
+            help="autocast, or half: model and batch in FP16." + _default("mode")
+        ),
     ] = None,
     numerics: Annotated[
         Numerics | None,
-        typer.Option(help="On a CPU: emulated FP16 (fast) or real FP16 kernels (slow)."),
+        typer.Option(
+            help="On a CPU: emulated FP16 (fast) or real FP16 kernels (slow)."
+            + _default("numerics"),
+        ),
     ] = None,
     backward: Annotated[
-        bool | None, typer.Option("--backward/--no-backward", help="Also check the backward pass.")
+        bool | None,
+        typer.Option(
+            "--backward/--no-backward",
+            help="Also check the backward pass."
+            + _default("backward", "backward", "no-backward"),
+        ),
     ] = None,
     grad_scale: Annotated[
         str | None,
         typer.Option(
-            "--grad-scale", help="Loss scale for the backward, as GradScaler applies it, or none."
+            "--grad-scale",
+            help="Loss scale for the backward, as GradScaler applies it, or none."
+            + _default("grad_scale"),
         ),
     ] = None,
     config: Annotated[
-        Path | None, typer.Option(help="YAML settings overriding configs/default.yaml.")
+        Path | None,
+        typer.Option(help="YAML settings file; overrides the project's discovered settings."),
     ] = None,
     output_format: Annotated[
         OutputFormat, typer.Option("--format", help="Report format.")
@@ -164,13 +200,22 @@ def scan(
         Path | None, typer.Option(help="Write the suggested fixes as a unified diff here.")
     ] = None,
     select: Annotated[
-        list[str] | None, typer.Option(help="Rule codes or prefixes to report (repeatable).")
+        list[str] | None,
+        typer.Option(
+            help="Rule codes or prefixes to report (repeatable)." + _default("select")
+        ),
     ] = None,
     ignore: Annotated[
-        list[str] | None, typer.Option(help="Rule codes or prefixes to skip (repeatable).")
+        list[str] | None,
+        typer.Option(
+            help="Rule codes or prefixes to skip (repeatable)." + _default("ignore")
+        ),
     ] = None,
     fail_on: Annotated[
-        FailOn | None, typer.Option("--fail-on", help="Lowest severity that exits 1.")
+        FailOn | None,
+        typer.Option(
+            "--fail-on", help="Lowest severity that exits 1." + _default("fail_on")
+        ),
     ] = None,
     exit_zero: Annotated[
         bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings.")
@@ -207,10 +252,17 @@ def scan(
     ] = True,
     verify: Annotated[
         bool | None,
-        typer.Option("--verify/--no-verify", help="Re-scan a patched copy to prove each fix."),
+        typer.Option(
+            "--verify/--no-verify",
+            help="Re-scan a patched copy to prove each fix."
+            + _default("verify_fixes", "verify", "no-verify"),
+        ),
     ] = None,
     lr: Annotated[
-        float | None, typer.Option("--lr", help="Adam learning rate for --steps.")
+        float | None,
+        typer.Option(
+            "--lr", help="Adam learning rate for --steps." + _default("lr")
+        ),
     ] = None,
     steps: Annotated[
         int | None,
@@ -391,10 +443,37 @@ def _write(path: Path, text: str) -> None:
 @app.command()
 def rules() -> None:
     """List every rule code with its name and summary."""
+    from nan_hunter.report.text import render_rules
     from nan_hunter.rules import all_rules
+    from nan_hunter.terminal import report_width
 
-    for rule in all_rules():
-        typer.echo(f"{rule.code}  {rule.severity.value:<7}  {rule.name:<34}  {rule.summary}")
+    typer.echo(render_rules(all_rules(), width=report_width(sys.stdout)), nl=False)
+
+
+@app.command("config")
+def show_config(
+    paths: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Paths as given to scan: the search for the project's settings starts in their "
+            "folder.  [default: the working directory]",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML settings file, as for scan.", show_default=False)
+    ] = None,
+) -> None:
+    """Show the effective settings and where each came from (as YAML)."""
+    from nan_hunter.config import load_settings
+    from nan_hunter.discovery import describe, discover, search_start
+
+    try:
+        project = discover(search_start(paths or []))
+        settings = load_settings(config, project=project)
+    except NanHunterError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(describe(settings, project), nl=False)
 
 
 @app.command()

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from nan_hunter.config import Settings, read_config_file
 from nan_hunter.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -77,8 +80,6 @@ def discover(start: Path) -> ProjectConfig | None:
 
 
 def _read_yaml(path: Path) -> Mapping[str, Any]:
-    from nan_hunter.config import read_config_file
-
     return read_config_file(path)
 
 
@@ -96,3 +97,20 @@ def _read_pyproject(path: Path) -> Mapping[str, Any] | None:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.{TABLE}] must be a table of settings")
     return {key.replace("-", "_"): value for key, value in table.items()}
+
+
+def describe(settings: Settings, project: ProjectConfig | None) -> str:
+    """The effective settings as YAML, each with its source in a comment."""
+    found = project.label if project is not None else "none found"
+    lines = [f"# project settings: {found}"]
+    for key, source in settings.sources.items():
+        value = getattr(settings, key)
+        if isinstance(value, tuple):
+            value = list(value)
+        text = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()
+        lines.append(f"{text.removeprefix('{').removesuffix('}'):<34} # {_source(source)}")
+    return "\n".join(lines) + "\n"
+
+
+def _source(label: str) -> str:
+    return "default (configs/default.yaml)" if label == "default" else label

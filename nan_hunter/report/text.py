@@ -8,6 +8,7 @@ copyable.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from io import StringIO
 
 from rich.console import Console
@@ -19,6 +20,7 @@ from nan_hunter.findings import Finding, Phase, Report, ScanTarget, Severity
 from nan_hunter.precision.formats import FloatFormat, format_for
 from nan_hunter.precision.gradients import scale_advice
 from nan_hunter.report.paths import display_path
+from nan_hunter.rules.registry import Rule
 from nan_hunter.trace.stats import format_number
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -70,6 +72,34 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
         )
     _paragraph(console, _summary(report))
     return buffer.getvalue()
+
+
+def render_rules(rules: Iterable[Rule], *, width: int | None = None) -> str:
+    """``nan-hunter rules``: code, severity, name and summary per line; laid out to ``width``
+    columns (at least 80) with the summary wrapped under itself, or unwrapped when None."""
+    buffer = StringIO()
+    console = Console(
+        file=buffer,
+        width=max(width, MIN_WIDTH) if width is not None else 100,
+        no_color=True,
+        highlight=False,
+        emoji=False,
+        soft_wrap=width is None,
+    )
+    for rule in rules:
+        head = f"{rule.code}  {rule.severity.value:<7}  {rule.name:<34}"
+        if console.soft_wrap:
+            console.print(f"{head}  {escape(rule.summary)}")
+        elif console.width - len(head) - 2 >= _RULES_SUMMARY_MIN:
+            _wrapped(console, Text(head + " "), Text(rule.summary))
+        else:  # too narrow for a summary column: the summary goes below, under the severity
+            console.print(Text(head.rstrip()), soft_wrap=True)
+            _wrapped(console, Text(" " * (len(rule.code) + 1)), Text(rule.summary))
+    return buffer.getvalue()
+
+
+_RULES_SUMMARY_MIN = 50
+"""Narrowest summary column beside the code, severity and name; narrower, it goes below."""
 
 
 def _fmt(target: ScanTarget) -> FloatFormat:
