@@ -20,6 +20,8 @@ from rich.markdown import Markdown
 from nan_hunter.errors import NanHunterError
 from nan_hunter.terminal import ColorChoice, quiet_torch_numpy_warning
 
+quiet_torch_numpy_warning()  # before anything imports torch
+
 if TYPE_CHECKING:
     from nan_hunter.findings import Report
     from nan_hunter.fixes.workflow import Applied
@@ -388,7 +390,7 @@ def scan(
         text = render_many(
             reports, failed, output_format.value, color=use_color and output is None, width=width
         )
-        _emit(text, output)
+        _emit(text, output, color=use_color)
         codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
         raise typer.Exit(EXIT_CLEAN if exit_zero and not failed else max(codes))
     report = reports[0]
@@ -403,7 +405,7 @@ def scan(
         code = report.exit_code(settings.fail_on)
         raise typer.Exit(EXIT_CLEAN if exit_zero else code)
     text = render(report, output_format.value, color=use_color and output is None, width=width)
-    _emit(text, output)
+    _emit(text, output, color=use_color)
     if patch is not None:
         diffs = list(dict.fromkeys(f.fix.diff for f in report.findings if f.fix and f.fix.diff))
         if diffs:
@@ -425,12 +427,12 @@ def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> N
             typer.echo(f"nan-hunter: {prefix}not fixed: {f.code} ({why})", err=True)
 
 
-def _emit(text: str, output: Path | None) -> None:
+def _emit(text: str, output: Path | None, *, color: bool = False) -> None:
     if output is not None:
         _write(output, text)
         typer.echo(f"nan-hunter: report written to {output}", err=True)
-    else:
-        typer.echo(text, nl=False)
+    else:  # color=True: click would strip the colour codes from a pipe otherwise
+        typer.echo(text, nl=False, color=color or None)
 
 
 def _write(path: Path, text: str) -> None:

@@ -32,7 +32,9 @@ from rich.progress import (
 )
 
 from nan_hunter.progress import listening
-from nan_hunter.report.text import MIN_WIDTH
+
+MIN_WIDTH = 80
+"""The narrowest layout of the text report and ``rules``."""
 
 
 class ColorChoice(str, enum.Enum):

@@ -27,7 +27,8 @@ _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO:
 
 
 MIN_WIDTH = 80
-"""The narrowest layout: a narrower terminal gets lines of 80 columns (its own wrapping)."""
+"""The narrowest layout: a narrower terminal gets lines of 80 columns (its own wrapping).
+(``nan_hunter.terminal`` has the same constant without importing the report, and torch.)"""
 
 
 def render_text(report: Report, *, color: bool = False, width: int | None = None) -> str:

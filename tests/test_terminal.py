@@ -1,0 +1,169 @@
+"""The terminal: colour choice (--color, NO_COLOR, FORCE_COLOR), layout to the terminal's width
+(a golden report at 80 columns), ``rules`` at 80 columns, the progress display and its events,
+and SARIF locations relative to the repository root."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nan_hunter import terminal
+from nan_hunter.api import scan_file
+from nan_hunter.cli import app
+from nan_hunter.progress import listening
+from nan_hunter.report import render
+from nan_hunter.report.text import MIN_WIDTH, render_rules
+from nan_hunter.rules import all_rules
+from nan_hunter.terminal import ColorChoice, report_width, wants_color
+from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, ROOT
+
+runner = CliRunner()
+WIDTH80 = [EXAMPLES / "matrix_inverse.py", FIXTURES / "fx_grad_underflow.py"]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), env={"COLUMNS": "100", **(env or {})})
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("choice", "env", "tty", "expected"),
+    [
+        (ColorChoice.auto, {}, True, True),
+        (ColorChoice.auto, {}, False, False),
+        (ColorChoice.auto, {"NO_COLOR": "1"}, True, False),
+        (ColorChoice.auto, {"NO_COLOR": ""}, True, True),  # set but empty: no effect
+        (ColorChoice.auto, {"FORCE_COLOR": "1"}, False, True),
+        (ColorChoice.auto, {"NO_COLOR": "1", "FORCE_COLOR": "1"}, False, False),
+        (ColorChoice.always, {"NO_COLOR": "1"}, False, True),
+        (ColorChoice.never, {"FORCE_COLOR": "1"}, True, False),
+    ],
+)
+def test_wants_color(choice: ColorChoice, env: dict[str, str], tty: bool, expected: bool) -> None:
+    stream = _Tty() if tty else io.StringIO()
+    assert wants_color(choice, stream, env) is expected
+
+
+def test_color_through_the_cli() -> None:
+    path = str(EXAMPLES / "clean_mlp.py")
+    assert "\x1b[" not in invoke("scan", path)[1]  # piped: no colour
+    assert "\x1b[" in invoke("scan", path, "--color", "always")[1]
+    assert "\x1b[" in invoke("scan", path, env={"FORCE_COLOR": "1"})[1]
+    assert "\x1b[" not in invoke("scan", path, env={"FORCE_COLOR": "1", "NO_COLOR": "1"})[1]
+    assert "\x1b[" not in invoke("scan", path, "--no-color", env={"FORCE_COLOR": "1"})[1]
+    assert "\x1b[" not in invoke("scan", path, "--color", "never", env={"FORCE_COLOR": "1"})[1]
+
+
+def test_width_is_the_terminal_s_at_least_80(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert report_width(io.StringIO()) is None  # not a terminal: lines unwrapped
+    monkeypatch.setenv("COLUMNS", "120")
+    assert report_width(_Tty()) == 120
+    monkeypatch.setenv("COLUMNS", "60")
+    assert report_width(_Tty()) == 80
+    assert terminal.MIN_WIDTH == MIN_WIDTH == 80
+
+
+@pytest.mark.parametrize("path", WIDTH80, ids=lambda p: p.stem)
+def test_golden_report_at_80_columns(path: Path, update_golden: bool) -> None:
+    report = dataclasses.replace(scan_file(str(path)), seconds=0.0)
+    rendered = render(report, "text", width=80)
+    golden = GOLDEN / "width80" / f"{path.stem}.txt"
+    if update_golden or not golden.exists():
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(rendered, encoding="utf-8")
+        if not update_golden:
+            pytest.fail(f"{golden} did not exist; written now, check it in")
+    assert rendered == golden.read_text(encoding="utf-8")
+    unwrapped = render(report, "text").splitlines()
+    diff = {line for line in unwrapped if line[:1] in "+- @"}
+    for line in rendered.splitlines():
+        assert line == line.rstrip() or line in diff, f"trailing blanks: {line!r}"
+        assert len(line) <= 80 or line in diff, f"over 80 columns: {line!r}"
+    # the same words in the same order: wrapping only moved line breaks
+    assert rendered.split() == render(report, "text").split()
+
+
+def test_rules_at_80_columns_and_unwrapped() -> None:
+    wrapped = render_rules(all_rules(), width=80)
+    assert max(len(line) for line in wrapped.splitlines()) <= 80
+    assert wrapped.split() == render_rules(all_rules()).split()
+    first, second = wrapped.splitlines()[:2]
+    assert first == "NH001  error    bad-input"
+    assert second.startswith("       The input batch")
+    wide = render_rules(all_rules(), width=160).splitlines()
+    assert len(wide) == len(all_rules())
+    assert invoke("rules")[1] == render_rules(all_rules())  # piped: one line per rule
+
+
+def test_scan_announces_its_passes() -> None:
+    heard: list[str] = []
+    with listening(heard.append):
+        scan_file(str(EXAMPLES / "matrix_inverse.py"))
+    assert heard == ["float16 autocast pass + backward", "FP32 reference pass"]
+
+
+def test_progress_display_only_on_a_terminal_and_not_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "stderr", _Tty())
+    with terminal.progress_display(enabled=True, files=2) as shown:
+        assert shown._progress is not None
+        shown.file("a.py")
+        shown.step("FP32 reference pass")
+        task = shown._progress.tasks[0]
+        assert task.description == "a.py: FP32 reference pass"
+        shown.file_done()
+        assert task.completed == 1 and task.total == 2
+    with terminal.progress_display(enabled=False) as shown:
+        assert shown._progress is None
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with terminal.progress_display(enabled=True) as shown:
+        assert shown._progress is None
+
+
+def test_progress_is_silent_when_stderr_is_a_pipe() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "nan_hunter", "scan", str(EXAMPLES / "clean_mlp.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_sarif_uris_are_repository_relative(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code scanning maps ``%SRCROOT%``-relative URIs onto the repository: a file in the repo is
+    named relative to its root even when the scan runs from a subfolder; a file outside it gets
+    an absolute ``file:`` URI."""
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "models").mkdir()
+    (repo / "ci").mkdir()
+    shutil.copy(EXAMPLES / "matrix_inverse.py", repo / "models" / "inverse model.py")
+    outside = tmp_path / "elsewhere" / "model.py"
+    outside.parent.mkdir()
+    shutil.copy(EXAMPLES / "matrix_inverse.py", outside)
+    monkeypatch.chdir(repo / "ci")
+    for path, uri, base in (
+        (repo / "models" / "inverse model.py", "models/inverse%20model.py", "%SRCROOT%"),
+        (outside, outside.as_uri(), None),
+    ):
+        code, out, _ = invoke("scan", str(path), "--format", "sarif", "--no-verify")
+        assert code == 1
+        (result,) = json.loads(out)["runs"][0]["results"]
+        location = result["locations"][0]["physicalLocation"]["artifactLocation"]
+        assert location.get("uriBaseId") == base
+        assert location["uri"] == uri
