@@ -1,0 +1,85 @@
+"""The README's promises that a reader copies: the GitHub Actions job, the pyproject settings and
+the suppression comment it shows are checked here against the code."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from nan_hunter.config import load_settings
+from nan_hunter.discovery import discover
+from nan_hunter.suppressions import parse_comment
+from tests.conftest import ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+
+
+def _workflow() -> dict:
+    (block,) = [b for b in _blocks("yaml") if "jobs:" in b]
+    return yaml.safe_load(block)
+
+
+def test_actions_job_can_upload_sarif() -> None:
+    workflow = _workflow()
+    assert workflow["permissions"]["security-events"] == "write"
+    assert workflow["permissions"]["contents"] == "read"
+
+
+def test_actions_job_uses_current_action_majors() -> None:
+    steps = _workflow()["jobs"]["nan-hunter"]["steps"]
+    uses = sorted({step["uses"] for step in steps if "uses" in step})
+    assert uses == [
+        "actions/checkout@v5",
+        "actions/setup-python@v6",
+        "github/codeql-action/upload-sarif@v4",  # v3 is deprecated in December 2026
+    ]
+
+
+def test_actions_job_installs_from_the_repository_not_pypi() -> None:
+    steps = _workflow()["jobs"]["nan-hunter"]["steps"]
+    installs = [step["run"] for step in steps if "pip install" in step.get("run", "")]
+    assert installs == [
+        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+        "pip install ./.nan-hunter",
+    ]
+    checkout = [s for s in steps if s.get("with", {}).get("path") == ".nan-hunter"]
+    assert len(checkout) == 1
+    scans = [step["run"] for step in steps if step.get("run", "").startswith("nan-hunter scan")]
+    assert any("--format github" in s for s in scans)
+    assert any("--format sarif --output nan-hunter.sarif" in s for s in scans)
+    upload = [s for s in steps if s.get("uses", "").startswith("github/codeql-action")]
+    assert upload[0]["with"]["sarif_file"] == "nan-hunter.sarif"
+
+
+def test_setup_is_two_commands() -> None:
+    section = README.split("## Set up and run (fresh machine)")[1].split("\n## ")[0]
+    (block,) = re.findall(r"```bash\n(.*?)```", section, flags=re.DOTALL)
+    assert len(block.strip().splitlines()) == 2
+
+
+def test_pyproject_example_is_valid_configuration(tmp_path: Path) -> None:
+    (block,) = [b for b in _blocks("toml") if "[tool.nan-hunter]" in b]
+    assert tomllib.loads(block)["tool"]["nan-hunter"]
+    (tmp_path / "pyproject.toml").write_text(block, encoding="utf-8")
+    settings = load_settings(project=discover(tmp_path))
+    assert settings.fail_on == "warning" and settings.ignore == ("NH5",)
+    assert settings.max_warnings == 10
+
+
+def test_suppression_example_parses_with_a_reason() -> None:
+    (line,) = [x for x in README.splitlines() if "# nan-hunter: ignore[" in x and "=" in x]
+    directive = parse_comment(line[line.index("#"):], 1)
+    assert directive is not None
+    assert directive.codes == ("NH102",) and directive.reason
