@@ -318,6 +318,10 @@ def scan(
             raise NanHunterError("--diff and --patch take one model file, not several")
     except NanHunterError as exc:
         raise _fail(str(exc)) from None
+    except Exception as exc:  # a bug of ours: say so in one line
+        if os.environ.get("NAN_HUNTER_DEBUG"):
+            raise
+        raise _fail(_internal(exc)) from None
 
     def scan_one(path: str) -> Report:
         """The report of one model file, after --steps, --fix-all, verification and --fix."""
@@ -374,10 +378,7 @@ def scan(
             except Exception as exc:  # a bug of ours: say so in one line
                 if os.environ.get("NAN_HUNTER_DEBUG"):
                     raise
-                message = (
-                    f"internal error: {type(exc).__name__}: {exc} "
-                    "(set NAN_HUNTER_DEBUG=1 for a traceback)"
-                )
+                message = _internal(exc)
                 if len(files) == 1:
                     raise _fail(message) from None
                 typer.echo(f"nan-hunter: error: {path}: {message}", err=True)
@@ -425,6 +426,12 @@ def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> N
             typer.echo(f"nan-hunter: {prefix}fixed {codes} in {a.file}{kept}", err=True)
         for f, why in a.skipped:
             typer.echo(f"nan-hunter: {prefix}not fixed: {f.code} ({why})", err=True)
+
+
+def _internal(exc: Exception) -> str:
+    return (
+        f"internal error: {type(exc).__name__}: {exc} (set NAN_HUNTER_DEBUG=1 for a traceback)"
+    )
 
 
 def _emit(text: str, output: Path | None, *, color: bool = False) -> None:

@@ -167,3 +167,15 @@ def test_sarif_uris_are_repository_relative(
         location = result["locations"][0]["physicalLocation"]["artifactLocation"]
         assert location.get("uriBaseId") == base
         assert location["uri"] == uri
+
+
+def test_help_is_plain_and_shows_defaults() -> None:
+    code, out, _ = invoke("scan", "--help", env={"COLUMNS": "80"})
+    assert code == 0
+    assert "╭" not in out and "│" not in out  # click's plain layout, not boxes
+    flat = " ".join(out.split())
+    assert "Low-precision dtype. [default: float16, unless configured]" in flat
+    assert "[default: backward, unless configured]" in flat
+    assert "--color [auto|always|never]" in flat or "--color <auto|always|never>" in flat
+    assert "[default: auto]" in flat
+    assert max(len(line) for line in out.splitlines()) <= 80
