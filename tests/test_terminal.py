@@ -179,3 +179,52 @@ def test_help_is_plain_and_shows_defaults() -> None:
     assert "--color [auto|always|never]" in flat or "--color <auto|always|never>" in flat
     assert "[default: auto]" in flat
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_training_steps_are_announced() -> None:
+    from nan_hunter.config import load_settings
+    from nan_hunter.loader import load_target
+    from nan_hunter.watch import run_steps
+
+    heard: list[str] = []
+    with listening(heard.append):
+        run_steps(load_target(str(EXAMPLES / "clean_mlp.py")), load_settings(), 2)
+    assert heard[:2] == ["training step 1/2", "training step 2/2"]
+    assert heard[2:] == ["float16 autocast pass + backward"]  # the scan of the final weights
+
+
+def test_cli_progress_shows_passes_and_fix_verification(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With stderr taken for a terminal, the display hears every pass and each re-scan that
+    verifies a fix, per file."""
+    shown: list[str] = []
+    monkeypatch.setattr(terminal, "_isatty", lambda stream: True)
+    real_step = terminal.ProgressDisplay.step
+
+    def step(self: terminal.ProgressDisplay, what: str) -> None:
+        if self._progress is not None:  # a display on screen, not the no-op one
+            shown.append(what)
+        real_step(self, what)
+
+    monkeypatch.setattr(terminal.ProgressDisplay, "step", step)
+    code, _, _ = invoke("scan", str(EXAMPLES / "matrix_inverse.py"))
+    assert code == 1
+    assert shown == [
+        "loading",
+        "float16 autocast pass + backward",
+        "FP32 reference pass",
+        "verifying a fix: re-scan of a patched copy",
+        "float16 autocast pass + backward",
+    ]
+    shown.clear()
+    assert invoke("scan", str(EXAMPLES / "matrix_inverse.py"), "--quiet")[0] == 1
+    assert shown == []
+
+
+def test_pre_commit_hook_definition() -> None:
+    import yaml
+
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    assert hook["id"] == "nan-hunter"
+    assert hook["language"] == "python"
+    assert hook["entry"] == "nan-hunter scan --quiet"
+    assert hook["pass_filenames"] is False and hook["args"] == ["."]
