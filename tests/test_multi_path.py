@@ -116,6 +116,8 @@ def test_junit_github_markdown_of_two_files() -> None:
     github = invoke("scan", CLEAN, BROKEN, "--no-verify", "--format", "github")[1].splitlines()
     assert github[0] == "nan-hunter: 0 errors, 0 warnings in examples/clean_mlp.py"
     assert github[1].startswith("::error file=examples/matrix_inverse.py,line=")
+    github = invoke("scan", CLEAN, "no such%file.py", "--format", "github")[1].splitlines()
+    assert github[-1].startswith("::error title=nan-hunter::no such%25file.py: ")
     markdown = invoke("scan", CLEAN, BROKEN, "--no-verify", "--format", "markdown")[1]
     assert markdown.count("# nan-hunter: ") == 2
     assert markdown.rstrip().endswith("**Total:** total: 2 files: 1 with findings, 1 clean, "

@@ -19,7 +19,7 @@ from typing import Any
 
 from nan_hunter import __version__
 from nan_hunter.findings import Failed, Report
-from nan_hunter.report.github import render_github
+from nan_hunter.report.github import escape_data, render_github
 from nan_hunter.report.json_report import report_dict
 from nan_hunter.report.junit import render_junit_many
 from nan_hunter.report.markdown import render_markdown
@@ -48,7 +48,9 @@ def render_many(
     if fmt == "junit":
         return render_junit_many(reports, failed)
     if fmt == "github":
-        lines = [f"::error title=nan-hunter::{f.path}: {f.message}" for f in failed]
+        lines = [
+            f"::error title=nan-hunter::{escape_data(f'{f.path}: {f.message}')}" for f in failed
+        ]
         return "".join(render_github(r) for r in reports) + "".join(f"{x}\n" for x in lines)
     if fmt == "markdown":
         blocks = [render_markdown(r) for r in reports]
