@@ -29,7 +29,7 @@ def _files(folder: str, pattern: str = "*") -> set[str]:
 
 def expected_wheel() -> set[str]:
     modules = _files("nan_hunter", "*.py")
-    data = {"nan_hunter/py.typed", "nan_hunter/report/report.schema.json"}
+    data = {"nan_hunter/py.typed"} | _files("nan_hunter/report", "*.json")
     configs = {"nan_hunter/" + name for name in _files("configs")}
     return modules | data | configs
 

@@ -19,6 +19,7 @@ runner = CliRunner()
 CLEAN = str(EXAMPLES / "clean_mlp.py")
 BROKEN = str(EXAMPLES / "matrix_inverse.py")  # one NH101 error
 WARNING_ONLY = str(FIXTURES / "fx_out_of_range_warning.py")
+REPORT_DIR = ROOT / "nan_hunter" / "report"
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -88,7 +89,8 @@ def test_json_shape_of_a_multi_path_run(tmp_path: Path) -> None:
     assert [r["target"]["file"] for r in data["reports"]] == [
         "examples/matrix_inverse.py", "examples/clean_mlp.py"
     ]
-    schema = json.loads((ROOT / "nan_hunter" / "report" / "report.schema.json").read_text())
+    jsonschema.validate(data, json.loads((REPORT_DIR / "reports.schema.json").read_text()))
+    schema = json.loads((REPORT_DIR / "report.schema.json").read_text())
     for report in data["reports"]:
         jsonschema.validate(report, schema)
     assert [f["path"] for f in data["failed"]] == [missing]
