@@ -57,7 +57,6 @@ def _root(
     ] = False,
 ) -> None:
     """Find where and why FP16 mixed precision breaks a PyTorch model, and get a patch."""
-    quiet_torch_numpy_warning()
 
 
 class OutputFormat(str, Enum):
@@ -498,5 +497,4 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. NH101.")
 
 
 def main() -> None:
-    quiet_torch_numpy_warning()
     app(prog_name="nan-hunter")
