@@ -45,7 +45,7 @@ if str(HERE) not in sys.path:
 
 from models import build_transformer  # noqa: E402
 
-from nan_hunter.watch import finite_flag, grads_finite_flag, watch  # noqa: E402
+from nan_hunter.training import finite_flag, grads_finite_flag, watch  # noqa: E402
 
 TARGET = 1.05
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

@@ -27,7 +27,7 @@ import sys
 import torch
 from torch import nn
 
-from nan_hunter.watch import OnProblem, Watcher, watch
+from nan_hunter.training import OnProblem, Watcher, watch
 
 D_IN = 32
 D_EMBED = 64

@@ -14,25 +14,34 @@ __all__ = [
     "run_steps",
     "scan",
     "scan_file",
+    "watch",
 ]
 
 if TYPE_CHECKING:
     from nan_hunter.api import scan, scan_file
-    from nan_hunter.watch import StepsResult, TrainingProblem, Watcher, WatchEvent, run_steps
+    from nan_hunter.training import (
+        StepsResult,
+        TrainingProblem,
+        Watcher,
+        WatchEvent,
+        run_steps,
+        watch,
+    )
 
 _API = ("scan", "scan_file")
-_WATCH = ("StepsResult", "TrainingProblem", "WatchEvent", "Watcher", "run_steps")
+_TRAINING = ("StepsResult", "TrainingProblem", "WatchEvent", "Watcher", "run_steps", "watch")
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: `import nan_hunter` stays cheap (no torch import) until the API is used. The
-    # watch() function itself lives at nan_hunter.watch.watch (the submodule has its name).
+    # Lazy: `import nan_hunter` stays cheap (no torch import) until the API is used.
+    # `watch` is the function from nan_hunter.training (the old module nan_hunter.watch, kept
+    # for its imports, is callable as the function too).
     if name in _API:
         from nan_hunter import api
 
         return getattr(api, name)
-    if name in _WATCH:
-        import nan_hunter.watch as watching
+    if name in _TRAINING:
+        from nan_hunter import training
 
-        return getattr(watching, name)
+        return getattr(training, name)
     raise AttributeError(f"module 'nan_hunter' has no attribute {name!r}")

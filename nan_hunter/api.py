@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
@@ -11,9 +10,9 @@ import torch
 
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
-from nan_hunter.errors import ConfigError
 from nan_hunter.findings import Report
 from nan_hunter.loader import Names, Target, as_batch, load_target, unwrap_model
+from nan_hunter.options import settings_with
 from nan_hunter.runner import LossFn
 from nan_hunter.suppressions import apply_suppressions
 
@@ -60,14 +59,8 @@ def scan(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"nan_hunter.scan(): model must be a torch.nn.Module, got {type(model)}")
-    options = _check_options(options)
-    try:
-        if settings is None:
-            settings = load_settings(config_file, options)
-        elif options:
-            settings = load_settings(config_file, {**_as_overrides(settings), **options})
-    except ConfigError as exc:
-        raise ConfigError(_as_api_message(str(exc))) from None
+    if settings is None or options:
+        settings = settings_with(settings, options, "nan_hunter.scan()", config_file)
     model, unwrapped = unwrap_model(model)
     source = _source_file(model)
     target = Target(
@@ -79,34 +72,6 @@ def scan(
         unwrapped=unwrapped,
     )
     return apply_suppressions(scan_target(target, settings))
-
-
-_OPTIONS = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "sources")
-
-
-def _check_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Unknown names are an error; torch dtypes and sequences of codes are taken as such."""
-    checked: dict[str, Any] = {}
-    for name, value in options.items():
-        if name not in _OPTIONS:
-            raise ConfigError(
-                f"nan_hunter.scan(): unknown option {name!r} (known options: "
-                f"{', '.join(sorted(_OPTIONS))})"
-            )
-        if isinstance(value, torch.dtype):
-            value = str(value).removeprefix("torch.")
-        elif isinstance(value, (tuple, list, set, frozenset)):
-            value = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-        checked[name] = value
-    return checked
-
-
-def _as_api_message(message: str) -> str:
-    """Config errors name their origin; options given to ``scan`` are not the command line."""
-    prefix = "command line: "
-    if message.startswith(prefix):
-        return "nan_hunter.scan(): " + message.removeprefix(prefix)
-    return message
 
 
 def _source_file(model: torch.nn.Module) -> Path:
@@ -121,14 +86,6 @@ def _source_file(model: torch.nn.Module) -> Path:
     if source.startswith("<"):  # <stdin>, <string>: a pseudo-file, not a path to resolve
         return Path(source)
     return Path(source).resolve()
-
-
-def _as_overrides(settings: Settings) -> dict[str, Any]:
-    return {
-        name: list(value) if isinstance(value, tuple) else value
-        for name in _OPTIONS
-        if (value := getattr(settings, name)) is not None
-    }
 
 
 def scan_file(

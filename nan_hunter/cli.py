@@ -288,7 +288,7 @@ def scan(
     from nan_hunter.suppressions import apply_suppressions
     from nan_hunter.targets import expand_paths
     from nan_hunter.terminal import progress_display, report_width, wants_color
-    from nan_hunter.watch import run_steps
+    from nan_hunter.training import run_steps
 
     try:
         settings = load_settings(

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 DEFAULT_CONFIG = default_config_file()
 
+GRADSCALER_INIT_SCALE = 65536.0
+"""``torch.amp.GradScaler``'s default ``init_scale`` (2**16)."""
+DYNAMIC = "dynamic"
+"""``grad_scale: dynamic``: GradScaler's default policy (2**16, backed off on overflow)."""
+
 _SHARES = frozenset({"underflow_share", "grad_underflow_share"})
 _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("float16", "bfloat16"),
@@ -47,8 +52,10 @@ class Settings:
     underflow_min_count: int = 16
     max_warnings: int = 20
     upstream_depth: int = 12
-    grad_scale: float | None = None
-    """Loss scale for the backward, as GradScaler applies it; None: no loss scaling."""
+    grad_scale: float | str | None = "dynamic"
+    """Loss scale for the backward, as GradScaler applies it: ``"dynamic"`` (the default:
+    GradScaler's default policy, initial scale 2**16, halved after each step whose gradients
+    overflow; see ``nan_hunter.engine.back_off``), a fixed number, or None (no loss scaling)."""
     grad_underflow_share: float = 0.25
     verify_fixes: bool = True
     lr: float = 1e-3
@@ -58,6 +65,19 @@ class Settings:
     fail_on: str = "error"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Where each setting came from: ``"default"``, a config file's path, or ``"cli"``."""
+
+    @property
+    def dynamic_scale(self) -> bool:
+        return self.grad_scale == DYNAMIC
+
+    def loss_scale(self) -> float:
+        """The loss scale the backward starts from: 1 without loss scaling; with ``dynamic``,
+        GradScaler's initial 2**16 (the engine backs off from it when gradients overflow)."""
+        if self.grad_scale is None:
+            return 1.0
+        if isinstance(self.grad_scale, str):
+            return GRADSCALER_INIT_SCALE
+        return float(self.grad_scale)
 
     def rule_enabled(self, code: str) -> bool:
         selected = any(code.startswith(prefix) for prefix in self.select)
@@ -109,16 +129,26 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
     return value
 
 
-def _grad_scale(value: Any, origin: str) -> float | None:
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
+def _grad_scale(value: Any, origin: str) -> float | str | None:
+    """``none``, ``dynamic``, a positive number, or a power of two written ``2**16``/``2^16``."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
-    try:
+    if isinstance(value, str) and value.strip().lower() == DYNAMIC:
+        return DYNAMIC
+    scale = float("nan")
+    if isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        base, sep, exponent = text.replace("^", "**").partition("**")
+        try:
+            scale = float(base) ** float(exponent) if sep else float(text)
+        except (ValueError, OverflowError):
+            scale = float("nan")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         scale = float(value)
-    except (TypeError, ValueError):
-        scale = float("nan")
-    if isinstance(value, bool) or not math.isfinite(scale) or scale <= 0:
+    if not math.isfinite(scale) or scale <= 0:
         raise ConfigError(
-            f"{origin}: 'grad_scale' must be none or a positive number, got {value!r}"
+            f"{origin}: 'grad_scale' must be none, dynamic or a positive number (65536, 2**16), "
+            f"got {value!r}"
         )
     return scale
 

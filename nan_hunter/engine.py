@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -17,15 +19,18 @@ from nan_hunter.findings import (
     Fix,
     Fp32Rerun,
     Kind,
+    LossScaling,
     OpRef,
     Phase,
     Report,
     ScanTarget,
     Severity,
+    scale_text,
 )
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.gradient_analysis import gradient_underflow
 from nan_hunter.loader import Target
+from nan_hunter.options import explicitly_set
 from nan_hunter.precision.context import PrecisionPlan, fp32_context
 from nan_hunter.precision.formats import BF16, FP16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
@@ -35,7 +40,7 @@ from nan_hunter.rules.nh502_underflow_share import subnormal_share
 from nan_hunter.rules.registry import Candidate, advice_finding, classify, get_rule
 from nan_hunter.runner import Batch, PassResult, run_pass
 from nan_hunter.trace.events import OpEvent
-from nan_hunter.trace.stats import format_number, tensor_stats
+from nan_hunter.trace.stats import TensorStats, format_number, tensor_stats
 
 
 def scan_target(target: Target, settings: Settings) -> Report:
@@ -64,22 +69,25 @@ def scan_target(target: Target, settings: Settings) -> Report:
         fmt=fmt,
         emulate=device == "cpu" and fmt.dtype == torch.float16 and settings.numerics == "emulated",
     )
-    scale = settings.grad_scale or 1.0
-    log = GradientLog(fmt) if plan.emulate and settings.backward else None
-    announce(f"{settings.dtype} {settings.mode} pass{' + backward' if settings.backward else ''}")
-    low = run_pass(
-        model,
-        _fresh(batch),
-        target.loss_fn,
-        plan.low_precision(),
-        fmt,
-        backward=settings.backward,
-        numerics=plan.numerics(log),
-        half=settings.mode == "half",
-        grad_scale=scale,
-        gradients=log,
-    )
-    window = _scale_window(low, log, scale, settings, target, plan, model, batch)
+    if settings.mode == "half" and not explicitly_set(settings, "grad_scale"):
+        # GradScaler cannot unscale FP16 gradients: a model.half() run trains unscaled
+        settings = dataclasses.replace(settings, grad_scale=None)
+    backward = _Backward(target, settings, plan, model, batch)
+    scale = settings.loss_scale()
+    low, log = backward.run(scale)
+    window = backward.window(low, log, scale)
+    skipped = 0
+    if settings.dynamic_scale and backward_origins(low) and not forward_origins(low):
+        settled, skipped = back_off(scale, window, fmt, low.loss)
+        if settled != scale:  # analyse the step GradScaler lets through
+            scale = settled
+            low, log = backward.run(scale)
+        if backward_origins(low) and scale > 1.0:  # overflows wherever GradScaler can go
+            skipped += round(math.log2(scale))
+            scale = 1.0
+            low, log = backward.run(scale)
+    if low.backward_ran:
+        info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
         announce("FP32 reference pass")
@@ -101,7 +109,9 @@ def scan_target(target: Target, settings: Settings) -> Report:
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
-    warnings = _warnings(low, fmt, settings) + gradient_underflow(low, window, settings, fmt)
+    warnings = _warnings(low, fmt, settings) + gradient_underflow(
+        low, log, window, settings, fmt, scale
+    )
     findings = sorted(errors, key=_order) + warnings[: settings.max_warnings]
     return Report(
         target=info,
@@ -116,37 +126,93 @@ def scan_target(target: Target, settings: Settings) -> Report:
     )
 
 
-def _scale_window(
-    low: PassResult,
-    log: GradientLog | None,
-    scale: float,
-    settings: Settings,
-    target: Target,
-    plan: PrecisionPlan,
-    model: torch.nn.Module,
-    batch: Batch,
-) -> ScaleWindow | None:
-    """The loss-scale window. Gradients are only measured where they are finite, so when the
-    chosen scale made them overflow, they are measured again in an unscaled backward."""
-    if log is None or not low.backward_ran or forward_origins(low):
-        return None  # gradients after a broken forward say nothing about loss scales
-    measured = low
-    if scale != 1.0 and backward_origins(low) and not forward_origins(low):
-        log = GradientLog(plan.fmt)
-        announce("unscaled backward for the loss-scale window")
-        measured = run_pass(
-            model,
-            _fresh(batch),
-            target.loss_fn,
-            plan.low_precision(),
-            plan.fmt,
-            backward=True,
-            numerics=plan.numerics(log),
-            half=plan.mode == "half",
+class _Backward:
+    """The low-precision pass at a loss scale, and the loss-scale window measured from it."""
+
+    def __init__(
+        self,
+        target: Target,
+        settings: Settings,
+        plan: PrecisionPlan,
+        model: torch.nn.Module,
+        batch: Batch,
+    ) -> None:
+        self.target, self.settings, self.plan = target, settings, plan
+        self.model, self.batch = model, batch
+        self.runs = 0
+
+    def run(self, scale: float) -> tuple[PassResult, GradientLog | None]:
+        log = GradientLog(self.plan.fmt) if self.plan.emulate and self.settings.backward else None
+        settings = self.settings
+        what = f"{settings.dtype} {settings.mode} pass"
+        if self.runs == 0:
+            announce(what + (" + backward" if settings.backward else ""))
+        else:
+            announce(f"{what} again at loss scale {scale_text(scale)}")
+        self.runs += 1
+        low = run_pass(
+            self.model,
+            _fresh(self.batch),
+            self.target.loss_fn,
+            self.plan.low_precision(),
+            self.plan.fmt,
+            backward=self.settings.backward,
+            numerics=self.plan.numerics(log),
+            half=self.settings.mode == "half",
+            grad_scale=scale,
             gradients=log,
         )
-        scale = 1.0
-    return log.window(scale, settings.grad_underflow_share, list(measured.param_grads.values()))
+        return low, log
+
+    def window(
+        self, low: PassResult, log: GradientLog | None, scale: float
+    ) -> ScaleWindow | None:
+        """The loss-scale window. Gradients are only measured where they are finite, so when
+        the chosen scale made them overflow, they are measured again in an unscaled backward;
+        when a cast boundary (the FP32 -> FP16 cast of a loss's input) loses the gradient before
+        any parameter sees it, they are measured again at the scale that keeps it, since the
+        parameter gradients behind a flushed boundary say nothing."""
+        if log is None or not low.backward_ran or forward_origins(low):
+            return None  # gradients after a broken forward say nothing about loss scales
+        share = self.settings.grad_underflow_share
+        if scale != 1.0 and backward_origins(low):
+            scale = 1.0
+            low, log = self.run(scale)
+        needed = log.boundary_low(scale, share)
+        if needed is not None and 2.0**needed > scale:
+            better, better_log = self.run(2.0**needed)
+            if not backward_origins(better) and better_log is not None:
+                low, log, scale = better, better_log, 2.0**needed
+        records = [*low.param_grads.values(), *(b.record for b in log.boundaries)]
+        return log.window(scale, share, records)
+
+
+def back_off(
+    scale: float, window: ScaleWindow | None, fmt: FloatFormat, loss: TensorStats | None = None
+) -> tuple[float, int]:
+    """GradScaler's dynamic policy on a step whose gradients overflow at ``scale``: it skips
+    the step and halves the scale (``backoff_factor`` 0.5) until the gradients fit in ``fmt``.
+    Returns the scale it settles at and the steps skipped on the way. The true largest gradient
+    comes from the unscaled measurement in ``window`` (and a loss computed in ``fmt`` is scaled
+    in ``fmt`` too); without a window, no scaling."""
+    if window is None or window.max_abs == 0.0:
+        return 1.0, max(0, round(math.log2(scale))) if scale > 1 else 0
+    largest = window.max_abs / window.current
+    if loss is not None and loss.dtype == fmt.name and loss.abs_max is not None:
+        largest = max(largest, loss.abs_max)
+    skipped = 0
+    while scale > 1.0 and largest * scale > fmt.max:
+        scale /= 2.0
+        skipped += 1
+    return scale, skipped
+
+
+def _scaling(settings: Settings, scale: float, skipped: int) -> LossScaling:
+    if settings.grad_scale is None:
+        return LossScaling("none", 1.0, 1.0)
+    if settings.dynamic_scale:
+        return LossScaling("dynamic", settings.loss_scale(), scale, skipped)
+    return LossScaling("fixed", scale, scale)
 
 
 def _order(f: Finding) -> tuple[int, int]:

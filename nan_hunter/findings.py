@@ -111,6 +111,9 @@ class Finding:
     notes: tuple[str, ...] = field(default_factory=tuple)
     suppression: Suppression | None = None
     """Set when an inline comment suppresses the finding: it is listed, but not counted."""
+    modules: tuple[str, ...] = ()
+    """Every module the finding covers, when it covers several (NH402 warnings with the same
+    cause at the same source line are one finding); ``module`` is the first."""
 
     @property
     def is_error(self) -> bool:
@@ -128,6 +131,46 @@ class ScanTarget:
     policy: str
     notes: tuple[str, ...] = ()
     """How the model was taken: wrappers removed (torch.compile, DataParallel)."""
+    loss_scaling: LossScaling | None = None
+    """The loss scale the backward modelled (None: no backward ran)."""
+
+
+@dataclass(frozen=True)
+class LossScaling:
+    """The loss scale a scan's backward modelled, as a training run applies it."""
+
+    policy: str
+    """``none`` (no loss scaling), ``fixed`` (the given scale) or ``dynamic`` (GradScaler's
+    default: 2**16, halved per step whose gradients overflow)."""
+    initial: float
+    used: float
+    """The scale of the analysed backward (dynamic: where GradScaler settles)."""
+    skipped: int = 0
+    """Dynamic: steps GradScaler would skip before settling at ``used``."""
+
+    def render(self) -> str:
+        """``loss scale 2**16 (GradScaler's default)``, ``no loss scaling``, ..."""
+        if self.policy == "none":
+            return "no loss scaling"
+        if self.policy == "fixed":
+            return f"loss scale {scale_text(self.used)}"
+        settled = (
+            f", backed off to {scale_text(self.used)} after {self.skipped} skipped step"
+            f"{'s' if self.skipped != 1 else ''}"
+            if self.skipped
+            else ""
+        )
+        return f"loss scale {scale_text(self.initial)}: GradScaler's default, dynamic{settled}"
+
+
+def scale_text(scale: float) -> str:
+    """A power of two as ``2**k``, anything else as a number."""
+    import math
+
+    exponent = math.log2(scale) if scale > 0 else 0.5
+    if exponent == int(exponent):
+        return f"2**{int(exponent)}"
+    return f"{scale:.3g}"
 
 
 @dataclass(frozen=True)

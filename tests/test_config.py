@@ -280,14 +280,34 @@ def test_resolved_device_explicit() -> None:
             Settings(device="cuda").resolved_device()
 
 
-@pytest.mark.parametrize(("text", "value"), [("none", None), ("65536", 65536.0), ("1e4", 1e4)])
-def test_grad_scale_accepts_none_or_positive(
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("none", None),
+        ("65536", 65536.0),
+        ("1e4", 1e4),
+        ("2**16", 65536.0),
+        ("'2 ** 10'", 1024.0),
+        ("2^3", 8.0),
+        ("dynamic", "dynamic"),
+        ("Dynamic", "dynamic"),
+    ],
+)
+def test_grad_scale_accepts_none_dynamic_or_positive(
     tmp_path: Path, text: str, value: float | None
 ) -> None:
     assert load_settings(_config(tmp_path, f"grad_scale: {text}\n")).grad_scale == value
 
 
-@pytest.mark.parametrize("text", ["0", "-2", ".inf", "yes", "[1]"])
+def test_grad_scale_defaults_to_gradscalers_dynamic_policy() -> None:
+    settings = load_settings()
+    assert settings.grad_scale == "dynamic" and settings.dynamic_scale
+    assert settings.loss_scale() == 2.0**16
+    assert settings.sources["grad_scale"] == "default"
+    assert load_settings(None, {"grad_scale": "none"}).loss_scale() == 1.0
+
+
+@pytest.mark.parametrize("text", ["0", "-2", ".inf", "yes", "[1]", "2**", "2**x", "2**5000"])
 def test_grad_scale_rejects_the_rest(tmp_path: Path, text: str) -> None:
-    with pytest.raises(ConfigError, match="'grad_scale' must be none or a positive number"):
+    with pytest.raises(ConfigError, match="'grad_scale' must be none, dynamic or a positive"):
         load_settings(_config(tmp_path, f"grad_scale: {text}\n"))

@@ -76,8 +76,12 @@ def test_clean_under_the_cuda_policy(path: Path) -> None:
 def test_gradient_underflow_without_loss_scaling_is_reported() -> None:
     """fx_rmsnorm_pow's forward is fine under CUDA, but its normalised gradients (x ~ 600, so
     d/dx ~ 1/600) are mostly subnormal in FP16 without a loss scale."""
-    report = _scan(FIXTURES / "fx_rmsnorm_pow.py")
-    (finding,) = report.findings
+    report = _scan(FIXTURES / "fx_rmsnorm_pow.py", grad_scale="none")
+    boundary, finding = report.findings
+    # where it happens: the gradient of the FP32 norm cast down to fc's FP16 output ...
+    assert (boundary.code, boundary.op, boundary.modules) == ("NH402", "Tensor.__mul__", ("fc",))
+    assert "lost at the FP32 -> float16 cast without loss scaling" in boundary.message
+    # ... and what fc's parameters get from it
     assert (finding.code, finding.severity.value, finding.phase.value) == (
         "NH402", "warning", "backward"
     )

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
+from torch import nn
 from typer.testing import CliRunner
 
+import nan_hunter
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
 from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import FlushStats, GradientLog
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, marker_line
 
 UNDERFLOW = FIXTURES / "fx_grad_underflow.py"
+BOUNDARY = FIXTURES / "fx_loss_weight_underflow.py"
 
 
 def _scan(**options: object) -> Report:
@@ -57,7 +63,7 @@ def test_no_window_when_range_is_too_wide() -> None:
 
 
 def test_unscaled_gradients_underflow_with_window_and_advice() -> None:
-    report = _scan()
+    report = _scan(grad_scale="none")
     (finding,) = report.findings
     assert (finding.code, finding.module, finding.phase.value) == ("NH402", "hidden", "backward")
     assert "100% of the nonzero gradient values of hidden.weight, hidden.bias" in finding.message
@@ -87,8 +93,126 @@ def test_too_large_scale_overflows_with_the_window_to_go_back_to() -> None:
 
 def test_cli_grad_scale() -> None:
     runner = CliRunner()
-    ok = runner.invoke(app, ["scan", str(UNDERFLOW), "--grad-scale", "4194304"])
-    assert ok.exit_code == 0, ok.stdout
+    for scale, header in [
+        ("4194304", "loss scale 2**22)"),
+        ("2**22", "loss scale 2**22)"),
+        ("dynamic", "loss scale 2**16: GradScaler's default, dynamic)"),
+        ("none", "no loss scaling)"),
+    ]:
+        ok = runner.invoke(app, ["scan", str(UNDERFLOW), "--grad-scale", scale, "--exit-zero"])
+        assert ok.exit_code == 0, ok.stderr
+        assert ok.stdout.splitlines()[0].endswith(header), ok.stdout
     bad = runner.invoke(app, ["scan", str(UNDERFLOW), "--grad-scale", "lots"])
     assert bad.exit_code == 2
-    assert "'grad_scale' must be none or a positive number" in bad.stderr
+    assert "'grad_scale' must be none, dynamic or a positive number (65536, 2**16)" in bad.stderr
+
+
+def test_default_models_gradscaler_and_says_so() -> None:
+    """GradScaler's default 2**16 lies in this model's window (2**9 .. 2**23): clean."""
+    report = _scan()
+    assert report.status == "clean"
+    scaling = report.target.loss_scaling
+    assert scaling is not None
+    assert (scaling.policy, scaling.initial, scaling.used, scaling.skipped) == (
+        "dynamic", 2.0**16, 2.0**16, 0
+    )
+    assert report.render().splitlines()[0].endswith(
+        "(policy cuda, loss scale 2**16: GradScaler's default, dynamic)"
+    )
+    data = json.loads(report.to_json())
+    assert data["target"]["loss_scaling"] == {
+        "policy": "dynamic", "initial": 65536.0, "used": 65536.0, "skipped_steps": 0
+    }
+
+
+def test_dynamic_scale_backs_off_as_gradscaler_does() -> None:
+    """A sum loss makes gradients of ~1e2: 2**16 overflows, GradScaler skips steps and halves
+    its scale until they fit (2**9: 1e2 * 512 < 65504): no error, the back-off is reported."""
+
+    class SumLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    model, batch = SumLoss(), torch.randn(64, 16)
+
+    def loss_fn(out: torch.Tensor, _: object) -> torch.Tensor:
+        return out.float().pow(2).sum()
+
+    fixed = nan_hunter.scan(model, batch, loss_fn, grad_scale=2**16)
+    assert [f.code for f in fixed.findings if f.is_error] == ["NH401"]
+    dynamic = nan_hunter.scan(model, batch, loss_fn)
+    assert dynamic.errors == 0, [f.message for f in dynamic.findings]
+    scaling = dynamic.target.loss_scaling
+    assert scaling is not None and scaling.policy == "dynamic"
+    assert scaling.used < 2.0**16 and scaling.initial == 2.0**16
+    assert scaling.used == 2.0**16 / 2**scaling.skipped
+    window = fixed.loss_scale
+    assert window is not None and window.high is not None
+    assert scaling.used <= 2.0**window.high + 1  # settles inside the window's overflow bound
+    assert f"backed off to 2**{round(math.log2(scaling.used))} after {scaling.skipped}" in (
+        dynamic.render().splitlines()[0]
+    )
+
+
+def test_loss_weight_underflow_at_the_cast_boundary() -> None:
+    """A 1e-6 loss weight: the gradient is lost at the FP32 -> FP16 cast of the loss's input,
+    before any parameter gradient exists; reported at the loss line, with the window."""
+    report = scan_file(str(BOUNDARY))
+    first = report.findings[0]
+    assert (first.code, first.phase.value, first.op) == (
+        "NH402", "backward", "torch.nn.functional.mse_loss"
+    )
+    assert first.location is not None
+    assert first.location.line == marker_line(BOUNDARY, "# <- culprit")
+    assert first.modules == ("out",)
+    assert "are lost at the FP32 -> float16 cast at loss scale 2**16" in first.message
+    window = report.loss_scale
+    assert window is not None and window.low is not None and window.recommended is not None
+    assert window.low > 16  # GradScaler's default is too small for this loss
+    assert first.fix is not None
+    assert first.fix.title == f"Use torch.amp.GradScaler(init_scale=2**{window.recommended})"
+    # at the recommended scale the boundary keeps its gradient
+    kept = scan_file(
+        str(BOUNDARY), load_settings(overrides={"grad_scale": 2.0**window.recommended})
+    )
+    assert "NH402" not in {f.code for f in kept.findings}, [f.message for f in kept.findings]
+    # unscaled, every value vanishes at the cast
+    unscaled = scan_file(str(BOUNDARY), load_settings(overrides={"grad_scale": "none"}))
+    assert "(16384 vanish, 0 go subnormal, of 16384)" in unscaled.findings[0].message
+
+
+class _Stack(nn.Module):
+    """Three layers built by one loop: their NH402 warnings share a source line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+        self.head = nn.Linear(32, 512)
+        with torch.no_grad():
+            self.head.weight.mul_(1e-3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+def test_identical_warnings_are_one_finding_listing_the_modules() -> None:
+    torch.manual_seed(0)
+    report = nan_hunter.scan(_Stack(), torch.randn(64, 32), grad_scale="none")
+    grouped = [f for f in report.findings if f.code == "NH402" and len(f.modules) > 1]
+    (finding,) = grouped
+    assert finding.modules == ("layers.0", "layers.1", "layers.2")
+    assert finding.module == "layers.0"
+    assert "of the parameters of 3 modules at this line (layers.0, layers.1, layers.2)" in (
+        finding.message
+    )
+    data = json.loads(report.to_json())
+    (entry,) = [f for f in data["findings"] if len(f["modules"]) > 1]
+    assert entry["modules"] == ["layers.0", "layers.1", "layers.2"]
+    assert entry["module"] == "layers.0"  # the fields of today stay

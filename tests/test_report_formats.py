@@ -6,6 +6,7 @@ Regenerate the golden files after an intended change with ``pytest --update-gold
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from pathlib import Path
 
@@ -48,8 +49,12 @@ def test_schema_rejects_a_finding_without_location() -> None:
 
 def _options(path: Path) -> dict[str, object]:
     """Settings a fixture asks for (``EXPECTED["options"]``), e.g. half mode."""
-    text = path.read_text(encoding="utf-8")
-    return {"mode": "half"} if '"options": {"mode": "half"}' in text else {}
+    spec = importlib.util.spec_from_file_location(f"_options_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    expected = getattr(module, "EXPECTED", None)
+    return dict(expected.get("options", {})) if isinstance(expected, dict) else {}
 
 
 GOLDEN_CASES = [

@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch import nn
 
+import nan_hunter
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.errors import ConfigError, NanHunterError
 from nan_hunter.loader import import_user_module, load_target
-from nan_hunter.watch import (
+from nan_hunter.training import (
     Reason,
     TrainingProblem,
     Watcher,
@@ -425,7 +426,7 @@ def test_bad_arguments_are_config_errors() -> None:
         watch(model, on_problem="explode")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="skip_patience"):
         watch(model, skip_patience=0)
-    with pytest.raises(ConfigError, match=r"nan_hunter.watch\(\): unknown key 'dtyp'"):
+    with pytest.raises(ConfigError, match=r"nan_hunter.watch\(\): unknown option 'dtyp'"):
         watch(model, dtyp="float16")
     w = watch(model, settings=load_settings(), dtype=torch.bfloat16, ignore=("NH5",))
     assert (w.settings.dtype, w.settings.ignore) == ("bfloat16", ("NH5",))
@@ -441,7 +442,8 @@ def example_target() -> Iterator[Any]:
 
 @pytest.mark.parametrize(
     ("grad_scale", "expected"),
-    [(65536.0, FIRST_BAD_WITH_SCALER), (None, FIRST_BAD_WITHOUT_SCALER)],
+    [(65536.0, FIRST_BAD_WITH_SCALER), ("dynamic", FIRST_BAD_WITH_SCALER),
+     ("none", FIRST_BAD_WITHOUT_SCALER)],
 )
 def test_run_steps_finds_the_watchers_step_and_leaves_the_model_alone(
     example: ModuleType, example_target: Any, grad_scale: float | None, expected: int
@@ -487,7 +489,7 @@ class SettingsWithLr(Settings):
 def test_run_steps_takes_the_learning_rate_from_the_settings(example: ModuleType) -> None:
     target = load_target(str(EXAMPLE))
     result = run_steps(target, SettingsWithLr(device="cpu", lr=example.LR), 20)
-    assert result.first_bad_step == FIRST_BAD_WITHOUT_SCALER
+    assert result.first_bad_step == FIRST_BAD_WITH_SCALER  # the default: GradScaler, 2**16
 
 
 def test_run_steps_rejects_bad_arguments(example_target: Any) -> None:
@@ -515,7 +517,7 @@ def test_cli_steps_finds_the_step_that_breaks() -> None:
         app, ["scan", str(example), "--steps", "20", "--lr", "0.5", "--format", "json"]
     )
     assert result.exit_code == 1, result.stderr
-    assert "nan-hunter: trained 7 step(s); step 6 broke" in result.stderr
+    assert "nan-hunter: trained 12 step(s); step 11 broke" in result.stderr
     first = json.loads(result.stdout)["findings"][0]
     assert (first["code"], first["op"], first["location"]["line"]) == (
         "NH102", "Tensor.__matmul__", 49
@@ -526,3 +528,34 @@ def test_cli_steps_finds_the_step_that_breaks() -> None:
     refused = CliRunner().invoke(app, ["scan", str(example), "--steps", "3", "--fix"])
     assert refused.exit_code == 2
     assert "--steps cannot be combined with --fix" in refused.stderr
+
+
+def test_watch_is_importable_as_users_import_it() -> None:
+    """``from nan_hunter import watch`` is the function; the old ``nan_hunter.watch`` module
+    still exports everything and, sharing the function's name, is callable as it."""
+    import nan_hunter
+    import nan_hunter.training as training
+    from nan_hunter import watch as from_package
+
+    assert from_package is training.watch
+    import nan_hunter.watch as old
+    from nan_hunter.watch import Watcher as OldWatcher
+    from nan_hunter.watch import watch as old_watch
+
+    assert old_watch is training.watch and OldWatcher is training.Watcher
+    model = nn.Linear(2, 2)
+    assert isinstance(old(model), training.Watcher)
+    assert isinstance(nan_hunter.watch(model), training.Watcher)  # module or function
+
+
+def test_one_option_normaliser_for_scan_and_watch() -> None:
+    """``scan`` and ``watch`` take options the same way: dtypes, sets of codes, bad names."""
+    model = nn.Linear(2, 2)
+    w = watch(model, dtype=torch.bfloat16, ignore={"NH5", "NH4"}, grad_scale="2**10")
+    assert (w.settings.dtype, w.settings.ignore, w.settings.grad_scale) == (
+        "bfloat16", ("NH4", "NH5"), 1024.0
+    )
+    assert w.settings.sources["dtype"] == "api"
+    for call in (nan_hunter.scan, watch):
+        with pytest.raises(ConfigError, match=r"unknown option 'dtyp'"):
+            call(model, torch.ones(1, 2), dtyp="float16")  # type: ignore[operator]

@@ -72,7 +72,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
             out = func(*args, **kwargs)
             if log is not None and args and _same_shape_tensors(args[0], out):
                 if args[0].dtype == torch.float32 and out.dtype == self.low:
-                    log.record(args[0], out)  # an FP32 gradient cast down (from the loss)
+                    log.record(args[0], out, boundary=True)  # an FP32 gradient cast down
                 else:
                     log.inherit(args[0], out)  # a transpose or the cast back to FP32
             return out

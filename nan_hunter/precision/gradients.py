@@ -80,12 +80,23 @@ class GradRecord:
     """Counts of the nonzero FP32 values per binary exponent (index - 160)."""
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """A gradient cast from FP32 down to FP16 on its way back (the backward of an FP32 op,
+    such as a loss autocast runs in FP32, fed by an FP16 value): what the cast lost."""
+
+    shape: tuple[int, ...]
+    record: GradRecord
+
+
 class GradientLog:
     """Filled by the FP16 emulation while a backward runs."""
 
     def __init__(self, fmt: FloatFormat) -> None:
         self._fmt = fmt
         self.records: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.boundaries: list[Boundary] = []
+        """Gradients cast from FP32 to FP16, in backward order (the loss's input first)."""
         self._sizes: set[int] | None = None
         self.max_abs = 0.0
         """The largest finite gradient magnitude seen, before rounding."""
@@ -95,8 +106,10 @@ class GradientLog:
         gradient: only they get a histogram; the rest only update the maximum."""
         self._sizes = sizes
 
-    def record(self, exact: torch.Tensor, rounded: torch.Tensor) -> None:
-        """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result."""
+    def record(self, exact: torch.Tensor, rounded: torch.Tensor, *, boundary: bool = False) -> None:
+        """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result.
+        ``boundary``: a dtype cast (FP32 -> FP16) rather than an FP16 op's result: always
+        measured, and kept in ``boundaries``."""
         exact = exact.detach()
         lo, hi = torch.aminmax(exact)
         lo_f, hi_f = float(lo), float(hi)
@@ -107,7 +120,7 @@ class GradientLog:
             lo, hi = torch.aminmax(exact)
             lo_f, hi_f = float(lo), float(hi)
         self.max_abs = max(self.max_abs, abs(lo_f), abs(hi_f))
-        if self._sizes is not None and rounded.numel() not in self._sizes:
+        if self._sizes is not None and rounded.numel() not in self._sizes and not boundary:
             return
         # Shares are all the window and the underflow check need: a strided sample of large
         # gradients gives them, at a fixed cost per tensor.
@@ -130,6 +143,26 @@ class GradientLog:
             scale = exact.numel() / flat_exact.numel()
             flush = FlushStats(*(round(n * scale) for n in (nonzero, vanished, flush.subnormal)))
         self.records[rounded] = GradRecord(flush, histogram)
+        if boundary:
+            self.boundaries.append(Boundary(tuple(rounded.shape), self.records[rounded]))
+
+    def boundary_low(self, current_scale: float, max_underflow_share: float) -> int | None:
+        """The smallest exponent ``k`` at which no cast boundary loses more than
+        ``max_underflow_share`` of its values; None when none loses that much at the current
+        scale."""
+        shift = math.log2(current_scale)
+        limit = math.log2(self._fmt.smallest_normal)
+        cumulative = [
+            list(itertools.accumulate(b.record.histogram))
+            for b in self.boundaries
+            if b.record.flush.nonzero
+        ]
+        if not any(_lost_share(c, 0.0, limit) > max_underflow_share for c in cumulative):
+            return None
+        for k in range(-40, 81):
+            if all(_lost_share(c, k - shift, limit) <= max_underflow_share for c in cumulative):
+                return k
+        return None
 
     def inherit(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """``target`` is a view or copy of ``source`` (a transpose, the cast back to FP32)."""

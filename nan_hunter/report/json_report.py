@@ -49,6 +49,7 @@ def _finding_fields(f: Finding) -> dict[str, Any]:
         "phase": f.phase.value,
         "op": f.op,
         "module": f.module,
+        "modules": list(f.modules or ((f.module,) if f.module else ())),
         "location": _location(f.location),
         "origin": f.origin,
         "fp32_rerun": None
@@ -88,6 +89,14 @@ def report_dict(report: Report) -> dict[str, Any]:
             "device": t.device,
             "policy": t.policy,
             "notes": list(t.notes),
+            "loss_scaling": None
+            if t.loss_scaling is None
+            else {
+                "policy": t.loss_scaling.policy,
+                "initial": t.loss_scaling.initial,
+                "used": t.loss_scaling.used,
+                "skipped_steps": t.loss_scaling.skipped,
+            },
         },
         "status": report.status,
         "findings": [finding_dict(f) for f in report.findings],

@@ -22,7 +22,8 @@ def render_markdown(report: Report) -> str:
     t = report.target
     blocks = [
         f"# nan-hunter: {_code(display_path(t.file))} ({t.mode}, {t.dtype}, {t.device}, "
-        f"policy {_prose(t.policy)}): {report.status}"
+        f"policy {_prose(t.policy)}"
+        f"{', ' + _prose(t.loss_scaling.render()) if t.loss_scaling else ''}): {report.status}"
     ]
     errors = [f for f in report.active if f.severity is Severity.ERROR]
     others = [f for f in report.active if f.severity is not Severity.ERROR]

@@ -47,7 +47,7 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
     _paragraph(
         console,
         f"[bold]nan-hunter[/] {escape(display_path(t.file))}: {t.mode} {t.dtype} on {t.device} "
-        f"(policy {t.policy})",
+        f"(policy {t.policy}{', ' + escape(t.loss_scaling.render()) if t.loss_scaling else ''})",
     )
     for note in t.notes:
         _hanging(console, "  [dim]note[/] ", escape(note))

@@ -1,0 +1,175 @@
+"""``run_steps``: the CLI's ``--steps N``. Trains a copy of the target on its batch, checks each
+step as ``watch`` does, and scans the first step that breaks from the weights at its start."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from nan_hunter.config import Settings
+from nan_hunter.errors import ConfigError, NanHunterError, UserCodeError, first_line
+from nan_hunter.findings import Report
+from nan_hunter.loader import Target
+from nan_hunter.options import explicitly_set
+from nan_hunter.precision.formats import format_for
+from nan_hunter.progress import announce
+from nan_hunter.runner import Batch, LossFn, default_loss
+from nan_hunter.training.checks import ScaleWatch, bad_grad_names, grads_finite_flag
+from nan_hunter.training.events import StepsResult
+from nan_hunter.training.verdict import step_verdict
+
+DEFAULT_LR = 1e-3
+"""Adam's learning rate in ``run_steps`` when neither the call nor the settings give one."""
+
+
+def _batch_copy(batch: Batch, device: str, dtype: torch.dtype | None = None) -> Batch:
+    """A copy of ``batch`` on ``device`` (floating tensors in ``dtype`` when given), fresh for
+    each step: a model or loss that writes into its inputs must not change the next step's."""
+
+    def move(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        cast = dtype if dtype is not None and x.is_floating_point() else x.dtype
+        return x.to(device=device, dtype=cast, copy=True)
+
+    return Batch(args=tree_map(move, batch.args), kwargs=tree_map(move, batch.kwargs),
+                 raw=tree_map(move, batch.raw))
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def run_steps(
+    target: Target,
+    settings: Settings,
+    steps: int,
+    *,
+    lr: float | None = None,
+    skip_patience: int = 3,
+    scale_floor: float = 1.0,
+) -> StepsResult:
+    """Train a deep copy of ``target.model`` for up to ``steps`` Adam steps on ``target.batch``
+    and scan the first step that breaks, as ``watch`` checks it. The learning rate is ``lr``,
+    else the ``lr`` setting when the configuration has one, else ``DEFAULT_LR`` (1e-3).
+
+    Training runs on the scan's device under real ``torch.autocast`` in the scan's dtype, with
+    a GradScaler (dynamic, as in training) whose initial scale is ``settings.grad_scale``
+    (default 2**16; ``none``: no GradScaler). ``mode: half`` puts model and batch in that dtype,
+    without autocast and without a GradScaler (it cannot unscale FP16 gradients). The scan of a
+    bad step starts from the weights at the start of that step, restored into a fresh copy of
+    the model (with a GradScaler, at the scale that step ran with). ``target.model`` is left
+    bit-identical; the run holds a copy of the model, one of its state and Adam's two moments.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"--steps must be a whole number >= 1, got {steps!r}")
+    if lr is None:
+        lr = float(getattr(settings, "lr", DEFAULT_LR))
+    if not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
+    device = settings.resolved_device()
+    dtype = format_for(settings.dtype).dtype
+    half = settings.mode == "half"
+    if half and settings.grad_scale is not None:
+        if explicitly_set(settings, "grad_scale"):
+            raise ConfigError(
+                "--steps with --mode half cannot use --grad-scale: GradScaler does not unscale "
+                "FP16 gradients"
+            )
+        settings = dataclasses.replace(settings, grad_scale=None)
+    model = copy.deepcopy(target.model).to(device)
+    if half:
+        model.to(dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("--steps trains the model, but it has no parameter that requires grad")
+    optimizer = torch.optim.Adam(params, lr=lr)
+    scaler = torch.amp.GradScaler(device, init_scale=settings.loss_scale()) if (
+        settings.grad_scale is not None
+    ) else None
+    scale = ScaleWatch.start(scaler, skip_patience, scale_floor) if scaler else None
+
+    for index in range(steps):
+        announce(f"training step {index + 1}/{steps}")
+        start = _state(model)
+        optimizer.zero_grad(set_to_none=True)
+        batch = _batch_copy(target.batch, device, dtype if half else None)
+        loss = _train_forward(model, batch, target.loss_fn, device, dtype, half, index)
+        try:
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        except NanHunterError:
+            raise
+        except Exception as exc:
+            raise UserCodeError(
+                f"{type(exc).__name__} in the backward of training step {index}: "
+                f"{first_line(exc)}"
+            ) from exc
+        scale_problem = None
+        used = None
+        grads_ok = True
+        if scaler is not None and scale is not None:
+            scaler.step(optimizer)
+            scaler.update()
+            used, _, scale_problem = scale.observe(float(scaler.get_scale()))
+            loss_ok = bool(torch.isfinite(loss.detach()).all())
+        else:
+            flag = grads_finite_flag(params)
+            flags = torch.stack([torch.isfinite(loss.detach()).all(), *(
+                [flag.to(loss.device)] if flag is not None else [])])
+            loss_ok, *rest = (bool(v) for v in flags.tolist())
+            grads_ok = not rest or rest[0]
+            if loss_ok and grads_ok:
+                optimizer.step()
+        problem = step_verdict(
+            loss=loss, loss_ok=loss_ok, grads_ok=grads_ok, scaled=scaler is not None,
+            scale_problem=scale_problem, bad_grads=lambda: bad_grad_names(model),
+        )
+        if problem is not None:
+            report = _scan_state(target, settings, start, used)
+            return StepsResult(index + 1, index, report, problem.reason, problem.detail)
+    final = _scan_state(target, settings, model.state_dict(), scale.used if scale else None)
+    return StepsResult(steps, None, final)
+
+
+def _scan_state(
+    target: Target, settings: Settings, state: dict[str, torch.Tensor], scale: float | None
+) -> Report:
+    """Scan a fresh copy of ``target.model`` holding ``state``; with a GradScaler, at the loss
+    scale the step ran with (as the watcher does)."""
+    from nan_hunter.engine import scan_target
+
+    fresh = copy.deepcopy(target.model)
+    fresh.load_state_dict(state)
+    if scale is not None:
+        settings = dataclasses.replace(settings, grad_scale=scale)
+    return scan_target(dataclasses.replace(target, model=fresh), settings)
+
+
+def _train_forward(
+    model: torch.nn.Module,
+    batch: Batch,
+    loss_fn: LossFn | None,
+    device: str,
+    dtype: torch.dtype,
+    half: bool,
+    index: int,
+) -> torch.Tensor:
+    precision = torch.autocast(device_type=device, dtype=dtype, enabled=not half)
+    try:
+        with precision:
+            output = model(*batch.args, **batch.kwargs)
+            loss = loss_fn(output, batch.raw) if loss_fn is not None else default_loss(output)
+    except NanHunterError:
+        raise
+    except Exception as exc:
+        raise UserCodeError(
+            f"{type(exc).__name__} in training step {index}: {first_line(exc)}"
+        ) from exc
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise UserCodeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
+    return loss.float() if half else loss

@@ -1,0 +1,515 @@
+"""``watch``: the per-step check of a training loop, and the scan of the step that broke.
+
+``watch(model, optimizer, scaler)`` wraps an existing loop. Each ``w.step(batch, loss)`` checks,
+with one or two host syncs and no per-op work, that the loss is finite, that the gradients are
+finite (one fused reduction over all ``.grad``; skipped when a GradScaler already checks them)
+and, with a GradScaler, how the loss scale moved: a skipped step is normal while the scale backs
+off from its initial value or once in a while later, but ``skip_patience`` skips in a row once the
+scale has settled, or a scale below ``scale_floor``, is a problem. On a problem the step's batch
+is re-run with full op-level tracing (``nan_hunter.api.scan``) on a deep copy of the unwrapped
+model, and the ``Report`` is kept in ``w.reports`` as a ``WatchEvent``; the user's model is never
+touched.
+
+Given an optimizer, the watcher also registers a step pre-hook that checks the gradients before
+``optimizer.step()`` applies them; when they are bad it copies the model first, so the re-run sees
+the weights that step's forward ran with. With a GradScaler it wraps ``clip_grad_norm_`` and
+``clip_grad_value_`` to catch clipping of still-scaled gradients. Everything installed is
+removed on exit.
+
+Under ``torch.distributed`` (a process group with more than one rank) every ``w.step()`` call
+ends with one all-reduce of a small flag vector, so all ranks agree on "problem at this step";
+see ``nan_hunter.training.distributed``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from nan_hunter.config import Settings
+from nan_hunter.errors import ConfigError, NanHunterError, first_line
+from nan_hunter.findings import Report
+from nan_hunter.loader import unwrap_model
+from nan_hunter.options import explicitly_set, settings_with
+from nan_hunter.runner import LossFn
+from nan_hunter.training.checks import (
+    ScaleWatch,
+    bad_grad_names,
+    grads_finite_flag,
+    params_finite,
+    scaler_active,
+)
+from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
+from nan_hunter.training.distributed import (
+    OK,
+    OWN,
+    REPORT_TO,
+    SEEN,
+    Ranks,
+    ReportTo,
+    agree,
+    choose_origin,
+    current_ranks,
+    exchange,
+    rank_path,
+    scanning_ranks,
+)
+from nan_hunter.training.events import ON_PROBLEM, OnProblem, TrainingProblem, WatchEvent
+from nan_hunter.training.verdict import Problem, Reason, step_verdict
+
+log = logging.getLogger("nan_hunter")
+
+
+def unwrap_training_objects(
+    model: torch.nn.Module, optimizer: Any, scaler: Any
+) -> tuple[torch.nn.Module, Any, Any]:
+    """The plain module, torch optimizer and GradScaler behind what a framework hands out:
+    accelerate's ``AcceleratedOptimizer`` (``.optimizer``, its ``.scaler``), accelerate's
+    ``GradScalerKwargs``-built scaler, DDP/``torch.compile`` wrappers (``unwrap_model``)."""
+    module, _ = unwrap_model(model)
+    inner = getattr(optimizer, "optimizer", None)
+    if optimizer is not None and isinstance(inner, torch.optim.Optimizer) and (
+        not isinstance(optimizer, torch.optim.Optimizer) or not hasattr(
+            optimizer, "_optimizer_step_pre_hooks"
+        )
+        or type(optimizer).__name__ == "AcceleratedOptimizer"
+    ):
+        if scaler is None:
+            scaler = getattr(optimizer, "scaler", None)
+        optimizer = inner
+    return module, optimizer, scaler
+
+
+def replay_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``module`` to re-run; a forward that accelerate wrapped (autocast, outputs
+    converted to FP32) is put back to the module's own, so the scan applies its own precision."""
+    replay = copy.deepcopy(module)
+    if replay.__dict__.pop("_original_forward", None) is not None:
+        replay.__dict__.pop("forward", None)  # back to the class's forward
+    return replay
+
+
+def _first_grad(params: list[torch.Tensor]) -> torch.Tensor | None:
+    return next((p.grad for p in params if p.grad is not None), None)
+
+
+@dataclass(frozen=True)
+class _HookSeen:
+    """What the optimizer pre-hook found, tied to the gradient tensors it looked at: a later
+    ``w.step`` only uses it for the very same gradients (same tensor, unchanged version)."""
+
+    ok: bool
+    snapshot: torch.nn.Module | None
+    grad: weakref.ref[torch.Tensor] | None
+    version: int
+
+    @classmethod
+    def of(cls, params: list[torch.Tensor], ok: bool,
+           snapshot: torch.nn.Module | None) -> _HookSeen:
+        g = _first_grad(params)
+        return cls(ok, snapshot, weakref.ref(g) if g is not None else None,
+                   g._version if g is not None else -1)
+
+    def same_gradients(self, params: list[torch.Tensor]) -> bool:
+        g = _first_grad(params)
+        if g is None or self.grad is None:
+            return g is None and self.grad is None
+        return self.grad() is g and g._version == self.version
+
+
+@dataclass(frozen=True)
+class _Rerun:
+    report: Report | None
+    why_not: str | None
+    pre_step: bool
+
+
+class Watcher:
+    """See ``watch``. Attributes: ``reports`` (the first ``max_reports`` problem events, each
+    with its scan), ``stopped`` (set under ``on_problem="stop"``), ``steps`` (calls to
+    ``step``), ``problems`` (all steps that tripped the check), ``skipped`` (steps the GradScaler
+    skipped), ``warnings`` (training-loop mistakes, each reported once), ``rank`` and
+    ``world_size``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scaler: Any = None,
+        *,
+        loss_fn: LossFn | None = None,
+        settings: Settings | None = None,
+        on_problem: OnProblem = "report",
+        scale_floor: float = 1.0,
+        skip_patience: int = 3,
+        max_reports: int = 1,
+        report_to: ReportTo = "rank0",
+        output: str | Path | None = None,
+        **options: Any,
+    ) -> None:
+        if on_problem not in ON_PROBLEM:
+            raise ConfigError(
+                f"on_problem must be one of {', '.join(ON_PROBLEM)}, got {on_problem!r}"
+            )
+        if isinstance(skip_patience, bool) or not isinstance(skip_patience, int) or (
+            skip_patience < 1
+        ):
+            raise ConfigError(f"skip_patience must be a whole number >= 1, got {skip_patience!r}")
+        if not math.isfinite(scale_floor) or scale_floor < 0:
+            raise ConfigError(f"scale_floor must be a finite number >= 0, got {scale_floor!r}")
+        if max_reports < 0:
+            raise ConfigError(f"max_reports must be >= 0, got {max_reports!r}")
+        if report_to not in REPORT_TO:
+            raise ConfigError(
+                f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}"
+            )
+        module, optimizer, scaler = unwrap_training_objects(model, optimizer, scaler)
+        self.model = model
+        self.module = module
+        """The plain module behind ``model`` (DDP, torch.compile, accelerate removed): the one
+        copied and scanned."""
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.loss_fn = loss_fn
+        self.on_problem: OnProblem = on_problem
+        self.max_reports = max_reports
+        self.report_to: ReportTo = report_to
+        self.output = Path(output) if output is not None else None
+        self.settings = settings_with(settings, options, "nan_hunter.watch()")
+        self.reports: list[WatchEvent] = []
+        self.warnings: list[WatchWarning] = []
+        self.stopped = False
+        self.steps = 0
+        self.problems = 0
+        self._ranks: Ranks | None = current_ranks()
+        self._params = list(module.parameters())
+        self._scale = (
+            ScaleWatch.start(scaler, skip_patience, scale_floor)
+            if scaler_active(scaler)
+            else None
+        )
+        self._handles: list[RemovableHandle] = []
+        self._clip: ClipGuard | None = None
+        self._seen: _HookSeen | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._ranks.rank if self._ranks else 0
+
+    @property
+    def world_size(self) -> int:
+        return self._ranks.world_size if self._ranks else 1
+
+    @property
+    def skipped(self) -> int:
+        return self._scale.skipped_total if self._scale is not None else 0
+
+    # ------------------------------------------------------------------ install / remove
+
+    def __enter__(self) -> Watcher:
+        if self.optimizer is not None and not self._handles:
+            self._handles.append(self.optimizer.register_step_pre_hook(self._before_update))
+        if self._scale is not None and self._clip is None:
+            self._clip = ClipGuard(
+                self._params, lambda: gradients_scaled(self.scaler, self.optimizer),
+                self._clipped_scaled,
+            )
+            self._clip.install()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove everything the watcher installed (``__exit__`` calls it)."""
+        handles, self._handles = self._handles, []
+        clip, self._clip = self._clip, None
+        try:
+            for handle in handles:
+                handle.remove()
+        finally:
+            self._seen = None
+            if clip is not None:
+                clip.remove()
+
+    def _clipped_scaled(self, name: str) -> None:
+        if any(w.code == "clip_before_unscale" for w in self.warnings):
+            return  # reported once
+        warning = WatchWarning(
+            code="clip_before_unscale",
+            step=self.steps,
+            message=(
+                f"torch.nn.utils.{name} was called on scaled gradients (before "
+                "scaler.unscale_(optimizer)): the threshold applies to gradients multiplied by "
+                f"the loss scale ({float(self.scaler.get_scale()):g}), so it clips far too much "
+                "and differently as the scale moves"
+            ),
+            fix=FIX,
+        )
+        self.warnings.append(warning)
+        log.warning("nan-hunter: %s; fix:\n%s", warning.message, warning.fix)
+
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Optimizer step pre-hook: are the gradients about to be applied finite? If not, copy
+        the model before the update writes them into the weights. (With an enabled GradScaler,
+        ``scaler.step`` only calls ``optimizer.step`` when they are finite.)"""
+        if self._scale is not None:
+            return
+        flag = grads_finite_flag(self._params)
+        ok = flag is None or bool(flag)
+        snapshot = None
+        if not ok and len(self.reports) < self.max_reports:
+            try:
+                snapshot = replay_copy(self.module)
+            except Exception:  # not copyable: w.step re-runs the current weights, or says why not
+                snapshot = None
+        self._seen = _HookSeen.of(self._params, ok, snapshot)
+
+    # ------------------------------------------------------------------ the per-step check
+
+    def __call__(self, batch: Any = None, loss: torch.Tensor | None = None) -> WatchEvent | None:
+        return self.step(batch, loss)
+
+    def step(self, batch: Any = None, loss: torch.Tensor | None = None) -> WatchEvent | None:
+        """Check the step that just ran (call it after ``optimizer.step()``, or after
+        ``scaler.update()`` with a GradScaler; with gradient accumulation, once per micro-batch
+        or once per optimizer step, the same on every rank). ``batch`` is what the model was
+        called with (a Tensor, tuple or dict, as for ``scan``); it is needed to re-run the step
+        on a problem. Returns the event when this step is a problem (on any rank), else None."""
+        index = self.steps
+        self.steps += 1
+        seen, self._seen = self._seen, None
+        if seen is not None and not seen.same_gradients(self._params):
+            seen = None  # the hook saw another step's gradients (w.step came before the update)
+        hook_ok = seen.ok if seen is not None else None
+        snapshot = seen.snapshot if seen is not None else None
+
+        flags: list[torch.Tensor] = []
+        if loss is not None:
+            flags.append(torch.isfinite(loss.detach()).all())
+        grad_flag = None
+        if self._scale is None and hook_ok is None:
+            grad_flag = grads_finite_flag(self._params)
+            if grad_flag is not None:
+                flags.append(grad_flag)
+        values: list[bool] = []
+        if flags:
+            device = flags[0].device
+            values = [bool(v) for v in torch.stack([f.to(device) for f in flags]).tolist()]
+        loss_ok = values[0] if loss is not None else True
+        grads_ok = values[-1] if grad_flag is not None else (hook_ok is not False)
+
+        used: float | None = None
+        skipped = False
+        scale_problem: Problem | None = None
+        if self._scale is not None:
+            used, skipped, scale_problem = self._scale.observe(float(self.scaler.get_scale()))
+        problem = step_verdict(
+            loss=loss, loss_ok=loss_ok, grads_ok=grads_ok, scaled=self._scale is not None,
+            scale_problem=scale_problem, bad_grads=lambda: bad_grad_names(self.module),
+        )
+        if self._ranks is not None:
+            code = OK if problem is None else OWN if problem.own_batch else SEEN
+            codes = agree(self._ranks, code)
+            if not any(codes):
+                return None
+            return self._distributed_problem(
+                index, problem, codes, batch, used, snapshot, skipped
+            )
+        if problem is None:
+            return None
+        rerun = self._rerun(problem, batch, used, snapshot, skipped)
+        detail = problem.detail + (f" (not scanned: {rerun.why_not})" if rerun.why_not else "")
+        event = WatchEvent(
+            step=index, reason=problem.reason, report=rerun.report, detail=detail, scale=used,
+            pre_step=rerun.pre_step, origin_rank=0 if rerun.report is not None else None,
+        )
+        return self._finish(event)
+
+    def _distributed_problem(
+        self,
+        index: int,
+        problem: Problem | None,
+        codes: list[int],
+        batch: Any,
+        scale: float | None,
+        snapshot: torch.nn.Module | None,
+        skipped: bool,
+    ) -> WatchEvent:
+        """Every rank gets here at the same call: the scanning ranks re-run their step, the
+        reports are gathered (on rank 0 or on all), the origin is chosen."""
+        assert self._ranks is not None
+        ranks = self._ranks
+        others = [r for r, c in enumerate(codes) if c and r != ranks.rank]
+        if problem is None:
+            problem = Problem(
+                Reason.OTHER_RANK,
+                f"rank {', '.join(map(str, others))} saw a problem at this step",
+            )
+        rerun = _Rerun(None, None, snapshot is not None or skipped)
+        if ranks.rank in scanning_ranks(codes):
+            rerun = self._rerun(problem, batch, scale, snapshot, skipped)
+        gathered = exchange(ranks, rerun.report, self.report_to)
+        if gathered is not None:
+            has_error = [None if r is None else r.errors > 0 for r in gathered]
+            origin = choose_origin(codes, has_error)
+            report = gathered[origin] if origin is not None else None
+        else:  # not a receiving rank: it knows the origin only when a rank's own loss broke
+            origin = choose_origin(codes, [None] * len(codes)) if OWN in codes else None
+            report = rerun.report if origin == ranks.rank else None
+            if origin is None and rerun.report is not None:
+                report = rerun.report
+        detail = problem.detail + (f" (not scanned: {rerun.why_not})" if rerun.why_not else "")
+        if origin is not None and origin != ranks.rank:
+            detail += f"; origin rank {origin}"
+        event = WatchEvent(
+            step=index, reason=problem.reason, report=report, detail=detail, scale=scale,
+            pre_step=rerun.pre_step, rank=ranks.rank, world_size=ranks.world_size,
+            origin_rank=origin,
+        )
+        return self._finish(event)
+
+    def _rerun(
+        self,
+        problem: Problem,
+        batch: Any,
+        scale: float | None,
+        snapshot: torch.nn.Module | None,
+        skipped: bool,
+    ) -> _Rerun:
+        self.problems += 1
+        pre_step = snapshot is not None or skipped
+        if len(self.reports) >= self.max_reports:
+            return _Rerun(None, f"max_reports={self.max_reports} already made", pre_step)
+        if batch is None:
+            return _Rerun(None, "w.step() was given no batch", pre_step)
+        if not pre_step and not params_finite(self.module):
+            return _Rerun(
+                None,
+                "the optimizer already wrote non-finite values into the weights; pass the "
+                "optimizer to watch() so the weights are copied before the update",
+                pre_step,
+            )
+        replay = snapshot
+        if replay is None:
+            try:
+                replay = replay_copy(self.module)
+            except Exception as exc:  # a module holding something that cannot be copied
+                return _Rerun(None, f"the model cannot be deep-copied: {first_line(exc)}", pre_step)
+        try:
+            return _Rerun(self._scan(replay, batch, scale), None, pre_step)
+        except NanHunterError as exc:
+            return _Rerun(None, f"the re-run failed: {exc}", pre_step)
+
+    def _finish(self, event: WatchEvent) -> WatchEvent:
+        if len(self.reports) < self.max_reports:
+            if self.output is not None and event.report is not None:
+                path = Path(rank_path(str(self.output), self._ranks))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(event.report.render("json"), encoding="utf-8")
+                event = _with_path(event, str(path))
+            self.reports.append(event)
+            if self._ranks is not None and self._ranks.rank == 0:
+                log.warning("nan-hunter: %s", summary_line(event))
+        if self.on_problem == "stop":
+            self.stopped = True
+        elif self.on_problem == "raise":
+            raise TrainingProblem(event)
+        return event
+
+    def _scan(self, replay: torch.nn.Module, batch: Any, scale: float | None) -> Report:
+        """The scan models the loss scale the step ran with: the GradScaler's current scale,
+        or no scaling without one, unless ``grad_scale`` was set explicitly."""
+        import dataclasses
+
+        from nan_hunter.api import scan
+
+        settings = self.settings
+        if not explicitly_set(settings, "grad_scale"):
+            settings = dataclasses.replace(settings, grad_scale=scale)
+        return scan(replay, batch, self.loss_fn, settings=settings)
+
+
+def _with_path(event: WatchEvent, path: str) -> WatchEvent:
+    import dataclasses
+
+    return dataclasses.replace(event, report_path=path)
+
+
+def summary_line(event: WatchEvent) -> str:
+    """One line for a log: step, rank, reason, and the origin's first finding."""
+    ranks = f" on {event.world_size} ranks" if event.world_size > 1 else ""
+    origin = f", origin rank {event.origin_rank}" if event.origin_rank is not None else ""
+    line = f"training step {event.step}{ranks}: {event.reason.value}{origin}"
+    first = event.report.findings[0] if event.report and event.report.findings else None
+    if first is not None:
+        at = f" at {first.location.render()}" if first.location else ""
+        module = f" in {first.module}" if first.module else ""
+        line += f"; {first.code} {first.op or 'input'}{module}{at}"
+    elif event.report is not None:
+        line += "; the re-run of the step is clean"
+    if event.report_path:
+        line += f"; report {event.report_path}"
+    return line
+
+
+def watch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: Any = None,
+    *,
+    loss_fn: LossFn | None = None,
+    settings: Settings | None = None,
+    on_problem: OnProblem = "report",
+    scale_floor: float = 1.0,
+    skip_patience: int = 3,
+    max_reports: int = 1,
+    report_to: ReportTo = "rank0",
+    output: str | Path | None = None,
+    **options: Any,
+) -> Watcher:
+    """Watch a training loop; use as ``with watch(model, optimizer, scaler) as w:`` and call
+    ``w.step(batch, loss)`` once per step (after ``scaler.update()``).
+
+    ``model``, ``optimizer`` and ``scaler`` may be what DDP, ``torch.compile`` or accelerate's
+    ``Accelerator.prepare`` returned (the scaler is taken from an ``AcceleratedOptimizer`` when
+    not given). ``loss_fn(output, batch)`` is the loss the re-run uses (None: the sum of the
+    output's means, as ``scan``). ``settings`` and ``options`` (config keys by name: ``dtype``,
+    ``device``, ``policy``, ...) configure that scan; unless ``grad_scale`` is set, the scan
+    uses the loss scale the failing step ran with (the GradScaler's, or none without one).
+    ``on_problem``: ``"report"`` records the event, ``"stop"`` also sets ``w.stopped``,
+    ``"raise"`` raises ``TrainingProblem``. ``skip_patience``: skipped steps in a row (after the
+    scale settled) that count as a problem; ``scale_floor``: a scale below it is a problem;
+    ``max_reports``: re-runs and keeps at most this many problems (all are counted in
+    ``w.problems``). A re-run that fails (a model that cannot be deep-copied, an error in the
+    user's code) does not stop the loop: the event's ``report`` is None and its ``detail`` says
+    why. ``output``: write each kept report as JSON there (``nan.json``; per rank
+    ``nan.rank1.json`` under torch.distributed).
+
+    Under torch.distributed every rank must call ``w.step()`` equally often: the ranks agree on
+    each call (one all-reduce), so with ``"stop"`` all stop at the same call and with
+    ``"raise"`` all raise. ``report_to``: ``"rank0"`` (default) or ``"all"``: which ranks receive
+    the origin rank's report in their event; rank 0 logs a one-line summary.
+
+    The re-run uses a deep copy of the model, so RNG-dependent layers (dropout) draw fresh
+    random numbers; the user's model, its ``.grad`` and the optimizer are never modified.
+    """
+    return Watcher(
+        model, optimizer, scaler, loss_fn=loss_fn, settings=settings, on_problem=on_problem,
+        scale_floor=scale_floor, skip_patience=skip_patience, max_reports=max_reports,
+        report_to=report_to, output=output, **options,
+    )
