@@ -559,3 +559,46 @@ def test_one_option_normaliser_for_scan_and_watch() -> None:
     for call in (nan_hunter.scan, watch):
         with pytest.raises(ConfigError, match=r"unknown option 'dtyp'"):
             call(model, torch.ones(1, 2), dtyp="float16")  # type: ignore[operator]
+
+
+def _clipped_loop(unscale_first: bool, steps: int = 3) -> Watcher:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randn(8, 4)
+    with watch(model, optimizer, scaler) as w:
+        for _ in range(steps):
+            loss = model(x).pow(2).mean()
+            scaler.scale(loss).backward()
+            if unscale_first:
+                scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            w.step(x, loss)
+            optimizer.zero_grad()
+    return w
+
+
+def test_clipping_scaled_gradients_is_caught_once_with_the_fix() -> None:
+    w = _clipped_loop(unscale_first=False)
+    (warning,) = w.warnings
+    assert (warning.code, warning.step) == ("clip_before_unscale", 0)
+    assert "clip_grad_norm_ was called on scaled gradients" in warning.message
+    assert "loss scale (65536)" in warning.message
+    assert warning.fix.splitlines() == [
+        "scaler.unscale_(optimizer)",
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+    ]
+    assert w.reports == []  # a mistake, not a non-finite step
+
+
+def test_clipping_after_unscale_is_fine_and_the_wrappers_are_removed() -> None:
+    original = torch.nn.utils.clip_grad_norm_
+    w = _clipped_loop(unscale_first=True)
+    assert w.warnings == []
+    assert torch.nn.utils.clip_grad_norm_ is original
+    from torch.nn.utils import clip_grad
+
+    assert clip_grad.clip_grad_value_ is torch.nn.utils.clip_grad_value_
