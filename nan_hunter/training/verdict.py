@@ -23,6 +23,8 @@ class Reason(str, enum.Enum):
     """GradScaler's scale fell below ``scale_floor``."""
     OTHER_RANK = "problem_on_another_rank"
     """Distributed: this rank saw nothing wrong, another rank did at the same step."""
+    PREFLIGHT = "preflight_findings"
+    """A framework callback's pre-flight scan of the first batch (before step 0) found errors."""
 
 
 @dataclass(frozen=True)

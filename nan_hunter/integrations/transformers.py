@@ -1,0 +1,168 @@
+"""``NanHunterCallback`` for the Hugging Face ``Trainer``::
+
+    from nan_hunter.integrations.transformers import NanHunterCallback
+
+    trainer = Trainer(model, args, train_dataset=..., callbacks=[NanHunterCallback()])
+
+At ``on_train_begin`` it scans the first training batch as it will run under CUDA FP16
+autocast (emulated on the CPU: a run about to be launched on GPUs is checked first) and starts a
+``watch`` on the Trainer's model, its accelerate-wrapped optimizer and GradScaler. Forward hooks
+on the model keep each training micro-batch and the loss the model returned; after each
+optimizer step (``on_optimizer_step``, before the Trainer zeroes the gradients) the watcher
+checks the step and, on a problem, re-runs the micro-batch that broke on a copy of the model.
+Reports (text + JSON) go to ``args.output_dir`` (``nan_hunter_preflight.*``,
+``nan_hunter_step{N}.*``; ``.rank{r}`` under torch.distributed). ``on_problem``: ``"stop"``
+(default) sets ``control.should_training_stop``, ``"raise"`` raises ``TrainingProblem``,
+``"report"`` only records. The Trainer checks ``should_training_stop`` after each step, so a
+pre-flight problem under ``"stop"`` ends training after its first step; ``"raise"`` stops it
+before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from nan_hunter.findings import Report
+from nan_hunter.integrations._common import (
+    ForwardCapture,
+    model_loss,
+    preflight_scan,
+    rng_kept,
+    write_report,
+)
+from nan_hunter.training.distributed import ReportTo
+from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent
+from nan_hunter.training.verdict import Reason
+from nan_hunter.training.watcher import Watcher, summary_line
+
+__all__ = ["NanHunterCallback"]
+
+
+class NanHunterCallback(TrainerCallback):
+    """See the module docstring. Attributes: ``events`` (the pre-flight event, step -1, and the
+    watcher's), ``preflight`` (the pre-flight ``Report``), ``watcher``, ``report_files``."""
+
+    def __init__(
+        self,
+        *,
+        on_problem: OnProblem = "stop",
+        preflight: bool = True,
+        loss_fn: Any = None,
+        report_to: ReportTo = "rank0",
+        max_reports: int = 1,
+        **options: Any,
+    ) -> None:
+        self.on_problem: OnProblem = on_problem
+        self.run_preflight = preflight
+        self.loss_fn = loss_fn or model_loss
+        self.report_to: ReportTo = report_to
+        self.max_reports = max_reports
+        self.options = options
+        self.watcher: Watcher | None = None
+        self.preflight: Report | None = None
+        self.events: list[WatchEvent] = []
+        self.report_files: list[Path] = []
+        self._capture: ForwardCapture | None = None
+        # fail on a bad option now, not at train time
+        Watcher(_Probe(), on_problem=on_problem, report_to=report_to, max_reports=max_reports,
+                **options)
+
+    # ------------------------------------------------------------------ events
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        model: Any = None, optimizer: Any = None, train_dataloader: Any = None, **kwargs: Any,
+    ) -> TrainerControl:
+        if model is None:
+            return control
+        self._close()
+        if self.run_preflight and train_dataloader is not None:
+            self._preflight(args, control, model, train_dataloader)
+        self.watcher = Watcher(
+            model, optimizer, None, loss_fn=self.loss_fn, on_problem=self.on_problem,
+            report_to=self.report_to, max_reports=self.max_reports, **self.options,
+        ).__enter__()
+        self._capture = ForwardCapture(model)
+        self._capture.install()
+        return control
+
+    def on_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> TrainerControl:
+        if self.watcher is None or self._capture is None:
+            return control
+        step = self._capture.take()
+        kept = len(self.watcher.reports)
+        try:
+            event = self.watcher.step(
+                step.batch if step else None, step.loss if step else None
+            )
+        except TrainingProblem as problem:
+            self._record(args, problem.event, kept)
+            raise
+        if event is not None:
+            self._record(args, event, kept)
+            if self.watcher.stopped:
+                control.should_training_stop = True
+        return control
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        **kwargs: Any,
+    ) -> TrainerControl:
+        self._close()
+        return control
+
+    # ------------------------------------------------------------------ helpers
+
+    def _preflight(
+        self, args: TrainingArguments, control: TrainerControl, model: Any, loader: Any
+    ) -> None:
+        with rng_kept():
+            batch = next(iter(loader), None)
+        if batch is None:
+            return
+        if hasattr(batch, "items"):
+            batch = dict(batch.items())
+        report = preflight_scan(model, batch, self.loss_fn, self.options)
+        self.preflight = report
+        self.report_files.extend(write_report(report, args.output_dir, "nan_hunter_preflight"))
+        if not report.errors:
+            return
+        event = WatchEvent(
+            step=-1, reason=Reason.PREFLIGHT, report=report,
+            detail="the first batch breaks under CUDA FP16 autocast (pre-flight scan)",
+        )
+        self.events.append(event)
+        if self.on_problem == "raise":
+            raise TrainingProblem(event)
+        if self.on_problem == "stop":
+            control.should_training_stop = True
+
+    def _record(self, args: TrainingArguments, event: WatchEvent, kept: int) -> None:
+        self.events.append(event)
+        if event.report is not None and self.watcher is not None and (
+            len(self.watcher.reports) > kept
+        ):
+            self.report_files.extend(
+                write_report(event.report, args.output_dir, f"nan_hunter_step{event.step}")
+            )
+        import logging
+
+        logging.getLogger("nan_hunter").info("nan-hunter: %s", summary_line(event))
+
+    def _close(self) -> None:
+        if self._capture is not None:
+            self._capture.remove()
+            self._capture = None
+        if self.watcher is not None:
+            self.watcher.close()
+
+
+class _Probe(torch.nn.Module):
+    """An empty module to validate the options with."""

@@ -1,0 +1,156 @@
+"""Framework callbacks on a CPU with a tiny model: the Hugging Face Trainer, PyTorch Lightning,
+and accelerate's wrapped objects given to ``watch``. Each test skips when its framework is not
+installed (CI installs them: the ``frameworks`` extra)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nan_hunter import TrainingProblem, watch
+from nan_hunter.training import Reason
+from tests.conftest import marker_line
+from tests.training_models import OVERFLOW, Tiny, dataset
+
+MODEL_FILE = Path(__file__).resolve().parent / "training_models.py"
+LINE = marker_line(MODEL_FILE, "# <- overflow")
+BAD_STEP = 3
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+# --------------------------------------------------------------------- Hugging Face Trainer
+
+
+def _trainer(tmp_path: Path, callback: Any, data: Any, steps: int = 8) -> Any:
+    tf = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    args = tf.TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=1, max_steps=steps,
+        learning_rate=1e-3, report_to=[], logging_strategy="no", save_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0,
+    )
+    return tf.Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback])
+
+
+def test_trainer_callback_reports_the_step_module_and_line_and_stops(tmp_path: Path) -> None:
+    from nan_hunter.integrations.transformers import NanHunterCallback
+
+    callback = NanHunterCallback()  # on_problem="stop"
+    trainer = _trainer(tmp_path, callback, dataset(bad_step=BAD_STEP))
+    trainer.train()
+    assert trainer.state.global_step == BAD_STEP + 1  # stopped after the bad step, of 8
+    (event,) = callback.events
+    assert (event.step, event.reason) == (BAD_STEP, Reason.LOSS)
+    assert event.report is not None
+    first = event.report.findings[0]
+    assert (first.code, first.module) == ("NH101", "fc1")
+    assert first.location is not None and first.location.line == LINE
+    assert Path(first.location.file) == MODEL_FILE
+    # the accelerate-wrapped optimizer was unwrapped for the step pre-hook
+    assert type(trainer.optimizer).__name__ == "AcceleratedOptimizer"
+    assert callback.watcher is not None and type(callback.watcher.optimizer).__name__ == "AdamW"
+    # reports (text + JSON) in args.output_dir: the pre-flight (clean) and the bad step
+    names = sorted(p.name for p in callback.report_files)
+    assert names == [
+        "nan_hunter_preflight.json", "nan_hunter_preflight.txt",
+        f"nan_hunter_step{BAD_STEP}.json", f"nan_hunter_step{BAD_STEP}.txt",
+    ]
+    assert all(p.parent == tmp_path and p.exists() for p in callback.report_files)
+    data = json.loads((tmp_path / f"nan_hunter_step{BAD_STEP}.json").read_text())
+    assert data["findings"][0]["module"] == "fc1"
+    assert "error[NH101]" in (tmp_path / f"nan_hunter_step{BAD_STEP}.txt").read_text()
+    assert callback.preflight is not None and callback.preflight.status == "clean"
+
+
+def test_trainer_callback_report_only_lets_the_run_finish(tmp_path: Path) -> None:
+    from nan_hunter.integrations.transformers import NanHunterCallback
+
+    callback = NanHunterCallback(on_problem="report", preflight=False)
+    trainer = _trainer(tmp_path, callback, dataset(bad_step=BAD_STEP))
+    trainer.train()
+    assert trainer.state.global_step == 8
+    # from the bad step on the weights are NaN: every step is a problem, the first is scanned
+    assert [e.step for e in callback.events] == list(range(BAD_STEP, 8))
+    assert callback.events[0].report is not None
+    assert all(e.report is None and "max_reports=1" in e.detail for e in callback.events[1:])
+    assert callback.preflight is None
+
+
+def test_trainer_preflight_catches_fp16_overflow_before_step_0(tmp_path: Path) -> None:
+    """The first batch is fine in FP32 (the CPU run would train) but overflows FP16 under
+    CUDA autocast: the pre-flight scan raises before the Trainer runs a step."""
+    from nan_hunter.integrations.transformers import NanHunterCallback
+
+    callback = NanHunterCallback(on_problem="raise")
+    trainer = _trainer(tmp_path, callback, dataset(bad_step=0, value=OVERFLOW))
+    with pytest.raises(TrainingProblem) as raised:
+        trainer.train()
+    assert trainer.state.global_step == 0
+    event = raised.value.event
+    assert (event.step, event.reason) == (-1, Reason.PREFLIGHT)
+    assert event.report is not None
+    first = event.report.findings[0]
+    assert (first.code, first.module) == ("NH102", "fc1")
+    assert first.location is not None and first.location.line == LINE
+    assert (event.report.target.policy, event.report.target.dtype) == ("cuda", "float16")
+    assert (tmp_path / "nan_hunter_preflight.json").exists()
+    assert (tmp_path / "nan_hunter_preflight.txt").exists()
+
+
+# --------------------------------------------------------------------- accelerate
+
+
+def test_watch_takes_accelerates_wrapped_model_optimizer_and_scaler() -> None:
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    from nan_hunter.training.watcher import replay_copy, unwrap_training_objects
+
+    accelerator = accelerate.Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = accelerator.prepare(Tiny())
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=1e-3))
+    assert isinstance(optimizer, AcceleratedOptimizer)
+    rows = list(dataset(bad_step=BAD_STEP))
+    steps = 0
+    with watch(model, optimizer, on_problem="stop") as w:
+        for row in rows:
+            steps += 1
+            x, labels = row["x"][None], row["labels"][None]
+            loss = model(x, labels=labels)["loss"]
+            accelerator.backward(loss)
+            optimizer.step()
+            w.step({"x": x, "labels": labels}, loss)
+            optimizer.zero_grad()
+            if w.stopped:
+                break
+    assert steps == BAD_STEP + 1
+    (event,) = w.reports
+    assert event.report is not None
+    first = event.report.findings[0]
+    assert (first.code, first.module, first.location and first.location.line) == (
+        "NH101", "fc1", LINE
+    )
+    # an AcceleratedOptimizer built with a GradScaler: watch takes the scaler from it
+    scaler = torch.amp.GradScaler("cpu")
+    wrapped = AcceleratedOptimizer(torch.optim.SGD(Tiny().parameters(), lr=0.1), scaler=scaler)
+    _, inner, found = unwrap_training_objects(Tiny(), wrapped, None)
+    assert isinstance(inner, torch.optim.SGD) and found is scaler
+    # a forward accelerate wrapped for mixed precision (``_original_forward`` kept beside it) is
+    # put back to the module's own in the copy that is scanned
+    plain = Tiny()
+    plain._original_forward = plain.forward
+    plain.forward = lambda *a, **k: {"logits": torch.zeros(1)}  # the wrapper, in effect
+    replay = replay_copy(plain)
+    assert "forward" not in replay.__dict__ and "_original_forward" not in replay.__dict__
+    assert "forward" in plain.__dict__  # the user's model is untouched
