@@ -154,3 +154,62 @@ def test_watch_takes_accelerates_wrapped_model_optimizer_and_scaler() -> None:
     replay = replay_copy(plain)
     assert "forward" not in replay.__dict__ and "_original_forward" not in replay.__dict__
     assert "forward" in plain.__dict__  # the user's model is untouched
+
+
+# --------------------------------------------------------------------- PyTorch Lightning
+
+
+def _fit(tmp_path: Path, callback: Any, data: Any, steps: int = 8) -> Any:
+    pl = pytest.importorskip("pytorch_lightning")
+    from tests.lightning_models import LitTiny
+
+    torch.manual_seed(0)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=steps, max_epochs=1, callbacks=[callback],
+        default_root_dir=str(tmp_path), logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    loader = torch.utils.data.DataLoader(data, batch_size=1)
+    return trainer, LitTiny(), loader
+
+
+def test_lightning_callback_reports_the_step_module_and_line_and_stops(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    from nan_hunter.integrations.lightning import NanHunterCallback
+
+    callback = NanHunterCallback()
+    trainer, module, loader = _fit(tmp_path, callback, dataset(bad_step=BAD_STEP))
+    trainer.fit(module, loader)
+    assert trainer.global_step == BAD_STEP + 1  # stopped after the bad step, of 8
+    (event,) = callback.events
+    assert (event.step, event.reason) == (BAD_STEP, Reason.LOSS)
+    assert event.report is not None
+    first = event.report.findings[0]
+    assert (first.code, first.module) == ("NH101", "fc1")  # the module's own paths
+    assert first.location is not None and first.location.line == LINE
+    names = sorted(p.name for p in callback.report_files)
+    assert names == [
+        "nan_hunter_preflight.json", "nan_hunter_preflight.txt",
+        f"nan_hunter_step{BAD_STEP}.json", f"nan_hunter_step{BAD_STEP}.txt",
+    ]
+    assert all(p.parent == tmp_path and p.exists() for p in callback.report_files)
+    assert callback.preflight is not None and callback.preflight.status == "clean"
+    assert callback.watcher is not None and callback.watcher.optimizer is trainer.optimizers[0]
+
+
+def test_lightning_preflight_catches_fp16_overflow_before_step_0(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    from nan_hunter.integrations.lightning import NanHunterCallback
+
+    callback = NanHunterCallback(on_problem="raise")
+    trainer, module, loader = _fit(tmp_path, callback, dataset(bad_step=0, value=OVERFLOW))
+    with pytest.raises(TrainingProblem) as raised:
+        trainer.fit(module, loader)
+    assert trainer.global_step == 0
+    event = raised.value.event
+    assert (event.step, event.reason) == (-1, Reason.PREFLIGHT)
+    assert event.report is not None
+    first = event.report.findings[0]
+    assert (first.code, first.module) == ("NH102", "fc1")
+    assert first.location is not None and first.location.line == LINE
+    assert (tmp_path / "nan_hunter_preflight.json").exists()

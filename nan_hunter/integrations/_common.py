@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +142,11 @@ PREFLIGHT = {"dtype": "float16", "policy": "cuda", "device": "cpu", "numerics": 
 
 
 def preflight_scan(
-    module: torch.nn.Module, batch: Any, loss_fn: Any, options: dict[str, Any]
+    module: torch.nn.Module,
+    batch: Any,
+    loss_fn: Any,
+    options: dict[str, Any],
+    rerun_as: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> Report:
     """Scan a copy of ``module`` on ``batch`` as it will run under CUDA FP16 autocast (on the
     CPU, emulated): the user's module, wherever it lives, is not touched."""
@@ -150,4 +154,6 @@ def preflight_scan(
     from nan_hunter.training.watcher import replay_copy
 
     replay = replay_copy(module)
+    if rerun_as is not None:
+        replay = rerun_as(replay)
     return scan(replay, batch, loss_fn, **{**PREFLIGHT, **options})

@@ -27,6 +27,7 @@ import copy
 import logging
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -154,6 +155,7 @@ class Watcher:
         max_reports: int = 1,
         report_to: ReportTo = "rank0",
         output: str | Path | None = None,
+        rerun_as: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
         **options: Any,
     ) -> None:
         if on_problem not in ON_PROBLEM:
@@ -184,6 +186,9 @@ class Watcher:
         self.max_reports = max_reports
         self.report_to: ReportTo = report_to
         self.output = Path(output) if output is not None else None
+        self.rerun_as = rerun_as
+        """Turns the copy of the model into the module the re-run scans (the Lightning callback
+        makes its forward run ``training_step``); None: the copy itself."""
         self.settings = settings_with(settings, options, "nan_hunter.watch()")
         self.reports: list[WatchEvent] = []
         self.warnings: list[WatchWarning] = []
@@ -264,9 +269,14 @@ class Watcher:
         log.warning("nan-hunter: %s; fix:\n%s", warning.message, warning.fix)
 
     def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Optimizer step pre-hook: are the gradients about to be applied finite? If not, copy
-        the model before the update writes them into the weights. (With an enabled GradScaler,
-        ``scaler.step`` only calls ``optimizer.step`` when they are finite.)"""
+        self.before_update()
+
+    def before_update(self) -> None:
+        """Are the gradients about to be applied finite? If not, copy the model before the
+        update writes them into the weights. The optimizer's step pre-hook calls it; a loop whose
+        optimizer computes the gradients inside ``step(closure)`` (Lightning) calls it between
+        the backward and the update. (With an enabled GradScaler, ``scaler.step`` only calls
+        ``optimizer.step`` when they are finite.)"""
         if self._scale is not None:
             return
         flag = grads_finite_flag(self._params)
@@ -411,6 +421,8 @@ class Watcher:
             except Exception as exc:  # a module holding something that cannot be copied
                 return _Rerun(None, f"the model cannot be deep-copied: {first_line(exc)}", pre_step)
         try:
+            if self.rerun_as is not None:
+                replay = self.rerun_as(replay)
             return _Rerun(self._scan(replay, batch, scale), None, pre_step)
         except NanHunterError as exc:
             return _Rerun(None, f"the re-run failed: {exc}", pre_step)
