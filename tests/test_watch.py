@@ -602,3 +602,32 @@ def test_clipping_after_unscale_is_fine_and_the_wrappers_are_removed() -> None:
     from torch.nn.utils import clip_grad
 
     assert clip_grad.clip_grad_value_ is torch.nn.utils.clip_grad_value_
+
+
+def test_fsdp_sharded_module_is_not_rerun_and_the_event_says_why() -> None:
+    """An FSDP2 module's forward all-gathers its parameters: a re-run on one rank would hang,
+    so the watcher reports the step without a scan (single-rank gloo group on the CPU)."""
+    import torch.distributed as dist
+
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    if not hasattr(fsdp, "fully_shard") or not dist.is_gloo_available():
+        pytest.skip("needs FSDP2 and gloo")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from nan_hunter.training.watcher import sharded
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        fsdp.fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        assert sharded(model) and not sharded(nn.Linear(2, 2))
+        x = torch.ones(2, 4)
+        x[0, 0] = float("nan")
+        with watch(model, on_problem="stop") as w:
+            loss = model(x).sum()
+            loss.backward()
+            event = w.step(x, loss)
+        assert event is not None and event.report is None and w.stopped
+        assert "not scanned: FSDP shards the module's parameters" in event.detail
+    finally:
+        dist.destroy_process_group()

@@ -23,6 +23,8 @@ def finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
     optimizer can use) would also read as non-finite."""
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for t in tensors:
+        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank's shard; ranks then agree
+            t = t.to_local()
         if t.is_sparse:
             t = t.coalesce().values()
         if t.numel() and (t.is_floating_point() or t.is_complex()):

@@ -99,6 +99,16 @@ def replay_copy(module: torch.nn.Module) -> torch.nn.Module:
     return replay
 
 
+def sharded(module: torch.nn.Module) -> bool:
+    """FSDP inside ``module`` (an FSDP1 wrapper, an FSDP2 ``fully_shard`` module or a DTensor
+    parameter): its forward gathers parameters across ranks, so a re-run on one rank would
+    wait for the others forever."""
+    if any("FSDP" in type(sub).__name__ or type(sub).__name__ == "FullyShardedDataParallel"
+           for sub in module.modules()):
+        return True
+    return any(type(p).__name__ in ("DTensor", "FlatParameter") for p in module.parameters())
+
+
 def _first_grad(params: list[torch.Tensor]) -> torch.Tensor | None:
     return next((p.grad for p in params if p.grad is not None), None)
 
@@ -407,6 +417,13 @@ class Watcher:
             return _Rerun(None, f"max_reports={self.max_reports} already made", pre_step)
         if batch is None:
             return _Rerun(None, "w.step() was given no batch", pre_step)
+        if sharded(self.module):
+            return _Rerun(
+                None,
+                "FSDP shards the module's parameters: a copy could only run with collectives; "
+                "scan a saved full checkpoint with nan-hunter scan",
+                pre_step,
+            )
         if not pre_step and not params_finite(self.module):
             return _Rerun(
                 None,
