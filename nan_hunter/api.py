@@ -44,7 +44,9 @@ def scan(
       ``"cpu"`` or ``"native"``.
     - ``numerics``: on a CPU, ``"emulated"`` (default: FP32 kernels, FP16 rounding) or ``"real"``.
     - ``backward``: run the backward too (default True).
-    - ``grad_scale``: loss scale for the backward, as ``GradScaler`` applies it (default None).
+    - ``grad_scale``: loss scale for the backward, as ``GradScaler`` applies it: ``"dynamic"``
+      (default: GradScaler's 2**16, backed off when the gradients overflow), a fixed number
+      (``65536``, ``"2**16"``) or ``"none"``.
     - ``select``, ``ignore``: rule codes or prefixes (a string or a sequence: ``ignore=["NH5"]``).
     - ``underflow_share``, ``underflow_min_count``, ``max_warnings``, ``upstream_depth``,
       ``grad_underflow_share``: thresholds, see ``configs/default.yaml``.

@@ -183,8 +183,8 @@ def scan(
         str | None,
         typer.Option(
             "--grad-scale",
-            help="Loss scale for the backward, as GradScaler applies it, or none."
-            + _default("grad_scale"),
+            help="Loss scale for the backward: dynamic (GradScaler's 2**16, backed off on "
+            "overflow), a fixed scale (65536, 2**16) or none." + _default("grad_scale"),
         ),
     ] = None,
     config: Annotated[

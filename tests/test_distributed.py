@@ -81,3 +81,40 @@ def test_every_rank_raises_and_every_rank_gets_the_report(tmp_path: Path) -> Non
     for r in ranks:
         (event,) = r["events"]
         assert (event["origin_rank"], event["codes"]) == (BAD_RANK, ["NH001"])
+
+
+def test_lightning_ddp_strategy_stops_every_rank_with_the_origins_report(tmp_path: Path) -> None:
+    """Lightning's ``strategy="ddp"`` under torchrun (gloo, CPU) with ``NanHunterCallback``:
+    rank 1's batch explodes at step 2; both ranks stop after it, rank 0 holds rank 1's scan."""
+    pytest.importorskip("pytorch_lightning")
+    from tests.lightning_ddp_worker import BAD_RANK as LIGHTNING_BAD_RANK
+    from tests.lightning_ddp_worker import BAD_STEP as LIGHTNING_BAD_STEP
+
+    worker = ROOT / "tests" / "lightning_ddp_worker.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(worker), "--out", str(tmp_path),
+    ]
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun did not finish in {TIMEOUT_S} s (a rank hangs): {exc.stderr!r}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    zero, one = (
+        json.loads((tmp_path / f"lightning_rank{r}.json").read_text()) for r in range(2)
+    )
+    assert zero["global_step"] == one["global_step"] == LIGHTNING_BAD_STEP + 1  # of 6
+    (e0,), (e1,) = zero["events"], one["events"]
+    assert (e0["rank"], e0["world_size"], e1["rank"]) == (0, 2, 1)
+    assert e0["step"] == e1["step"] == LIGHTNING_BAD_STEP
+    assert e1["reason"] == "non_finite_loss"
+    # rank 0's gradients went NaN through DDP's all-reduce; the culprit is rank 1's batch
+    assert e0["origin_rank"] == e1["origin_rank"] == LIGHTNING_BAD_RANK
+    assert e0["first"] == e1["first"] == ["NH101", "fc1"]
+    assert zero["files"] == [
+        f"nan_hunter_step{LIGHTNING_BAD_STEP}.rank0.json",
+        f"nan_hunter_step{LIGHTNING_BAD_STEP}.rank0.txt",
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -631,3 +632,36 @@ def test_fsdp_sharded_module_is_not_rerun_and_the_event_says_why() -> None:
         assert "not scanned: FSDP shards the module's parameters" in event.detail
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("clip", ["clip_grad_norm_", "clip_grad_value_"])
+def test_both_clipping_functions_are_watched(clip: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randn(8, 4)
+    with watch(model, optimizer, scaler) as w:
+        loss = model(x).pow(2).mean()
+        scaler.scale(loss).backward()
+        getattr(torch.nn.utils, clip)(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        w.step(x, loss)
+    (warning,) = w.warnings
+    assert f"{clip} was called on scaled gradients" in warning.message
+
+
+def test_output_writes_the_json_report(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    x = torch.ones(2, 4)
+    x[0, 0] = float("nan")
+    with watch(model, output=tmp_path / "nan.json") as w:
+        loss = model(x).sum()
+        loss.backward()
+        event = w.step(x, loss)
+    assert event is not None and event.report_path == str(tmp_path / "nan.json")
+    assert event.origin_rank == 0 and (event.rank, event.world_size) == (0, 1)
+    data = json.loads((tmp_path / "nan.json").read_text())
+    assert [f["code"] for f in data["findings"]] == ["NH001"]

@@ -74,15 +74,13 @@ def unwrap_training_objects(
     model: torch.nn.Module, optimizer: Any, scaler: Any
 ) -> tuple[torch.nn.Module, Any, Any]:
     """The plain module, torch optimizer and GradScaler behind what a framework hands out:
-    accelerate's ``AcceleratedOptimizer`` (``.optimizer``, its ``.scaler``), accelerate's
-    ``GradScalerKwargs``-built scaler, DDP/``torch.compile`` wrappers (``unwrap_model``)."""
+    accelerate's ``AcceleratedOptimizer`` (its ``.optimizer``, and its ``.scaler`` when no
+    scaler is given: a step pre-hook on the wrapper itself fails), DDP and ``torch.compile``
+    wrappers around the model (``unwrap_model``)."""
     module, _ = unwrap_model(model)
     inner = getattr(optimizer, "optimizer", None)
-    if optimizer is not None and isinstance(inner, torch.optim.Optimizer) and (
-        not isinstance(optimizer, torch.optim.Optimizer) or not hasattr(
-            optimizer, "_optimizer_step_pre_hooks"
-        )
-        or type(optimizer).__name__ == "AcceleratedOptimizer"
+    if isinstance(inner, torch.optim.Optimizer) and type(optimizer).__name__ == (
+        "AcceleratedOptimizer"
     ):
         if scaler is None:
             scaler = getattr(optimizer, "scaler", None)
