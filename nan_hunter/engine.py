@@ -69,8 +69,9 @@ def scan_target(target: Target, settings: Settings) -> Report:
         fmt=fmt,
         emulate=device == "cpu" and fmt.dtype == torch.float16 and settings.numerics == "emulated",
     )
-    if settings.mode == "half" and not explicitly_set(settings, "grad_scale"):
-        # GradScaler cannot unscale FP16 gradients: a model.half() run trains unscaled
+    if (settings.mode == "half" or fmt is BF16) and not explicitly_set(settings, "grad_scale"):
+        # GradScaler cannot unscale FP16 gradients (a model.half() run trains unscaled), and
+        # BF16 has FP32's range: nobody runs a GradScaler with it
         settings = dataclasses.replace(settings, grad_scale=None)
     backward = _Backward(target, settings, plan, model, batch)
     scale = settings.loss_scale()

@@ -216,3 +216,19 @@ def test_identical_warnings_are_one_finding_listing_the_modules() -> None:
     (entry,) = [f for f in data["findings"] if len(f["modules"]) > 1]
     assert entry["modules"] == ["layers.0", "layers.1", "layers.2"]
     assert entry["module"] == "layers.0"  # the fields of today stay
+
+
+@pytest.mark.parametrize(("options", "policy"), [
+    ({"dtype": "bfloat16"}, "none"),
+    ({"mode": "half"}, "none"),
+    ({"dtype": "bfloat16", "grad_scale": 1024}, "fixed"),
+    ({"backward": False}, None),
+])
+def test_no_gradscaler_where_training_would_not_use_one(
+    options: dict[str, object], policy: str | None
+) -> None:
+    """BF16 and model.half() train without a GradScaler unless a scale is asked for; without a
+    backward there is no loss scaling to speak of."""
+    report = _scan(**options)
+    scaling = report.target.loss_scaling
+    assert (scaling.policy if scaling else None) == policy

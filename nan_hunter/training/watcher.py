@@ -350,6 +350,7 @@ class Watcher:
             )
         if problem is None:
             return None
+        self.problems += 1
         rerun = self._rerun(problem, batch, used, snapshot, skipped)
         detail = problem.detail + (f" (not scanned: {rerun.why_not})" if rerun.why_not else "")
         event = WatchEvent(
@@ -372,6 +373,7 @@ class Watcher:
         reports are gathered (on rank 0 or on all), the origin is chosen."""
         assert self._ranks is not None
         ranks = self._ranks
+        self.problems += 1
         others = [r for r, c in enumerate(codes) if c and r != ranks.rank]
         if problem is None:
             problem = Problem(
@@ -409,7 +411,6 @@ class Watcher:
         snapshot: torch.nn.Module | None,
         skipped: bool,
     ) -> _Rerun:
-        self.problems += 1
         pre_step = snapshot is not None or skipped
         if len(self.reports) >= self.max_reports:
             return _Rerun(None, f"max_reports={self.max_reports} already made", pre_step)
