@@ -605,9 +605,10 @@ def test_clipping_after_unscale_is_fine_and_the_wrappers_are_removed() -> None:
     assert clip_grad.clip_grad_value_ is torch.nn.utils.clip_grad_value_
 
 
-def test_fsdp_sharded_module_is_not_rerun_and_the_event_says_why() -> None:
-    """An FSDP2 module's forward all-gathers its parameters: a re-run on one rank would hang,
-    so the watcher reports the step without a scan (single-rank gloo group on the CPU)."""
+def test_fsdp_sharded_module_is_rerun_from_the_gathered_state() -> None:
+    """An FSDP2 module's forward all-gathers its parameters: a copy re-run on one rank would
+    hang. Without ``unsharded`` the step is reported unscanned and says why; with it, the full
+    state dict is gathered and re-run in a plain module (single-rank gloo group on the CPU)."""
     import torch.distributed as dist
 
     fsdp = pytest.importorskip("torch.distributed.fsdp")
@@ -617,19 +618,30 @@ def test_fsdp_sharded_module_is_not_rerun_and_the_event_says_why() -> None:
 
     from nan_hunter.training.watcher import sharded
 
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        torch.manual_seed(0)
+        model = build()
         fsdp.fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-        assert sharded(model) and not sharded(nn.Linear(2, 2))
-        x = torch.ones(2, 4)
-        x[0, 0] = float("nan")
-        with watch(model, on_problem="stop") as w:
-            loss = model(x).sum()
-            loss.backward()
-            event = w.step(x, loss)
-        assert event is not None and event.report is None and w.stopped
-        assert "not scanned: FSDP shards the module's parameters" in event.detail
+        assert sharded(model) and not sharded(build())
+        x = torch.full((2, 4), 1e20)  # FP32 overflows in the squared loss: the step breaks
+        events = []
+        for unsharded in (None, build):
+            with watch(model, on_problem="stop", unsharded=unsharded) as w:
+                loss = model(x).pow(2).sum()
+                loss.backward()
+                events.append(w.step(x, loss))  # before optimizer.step(), as FSDP needs
+                model.zero_grad()
+        blind, scanned = events
+        assert blind is not None and blind.report is None
+        assert "not scanned: FSDP shards the module's parameters" in blind.detail
+        assert "unsharded=" in blind.detail
+        assert scanned is not None and scanned.report is not None
+        first = scanned.report.findings[0]
+        assert (first.code, first.module) == ("NH101", "0")  # the first Linear casts 1e20
     finally:
         dist.destroy_process_group()
 

@@ -64,12 +64,12 @@ def agree(ranks: Ranks, code: int) -> list[int]:
 
 def scanning_ranks(codes: Sequence[int]) -> list[int]:
     """Who re-runs its step: the first rank whose own loss went non-finite; without one, every
-    rank that saw a problem (in DDP all see the all-reduced NaN gradients, and only a scan of
-    each batch tells whose batch made them)."""
+    rank (only a scan of each batch tells whose batch broke the gradients: in DDP every rank
+    sees the all-reduced NaN, under FSDP only the ranks whose gradient shard holds it)."""
     own = [r for r, c in enumerate(codes) if c >= OWN]
     if own:
         return own[:1]
-    return [r for r, c in enumerate(codes) if c > OK]
+    return list(range(len(codes)))
 
 
 def exchange(ranks: Ranks, payload: Any, report_to: ReportTo) -> list[Any] | None:

@@ -45,6 +45,7 @@ from nan_hunter.runner import LossFn
 from nan_hunter.training.checks import (
     ScaleWatch,
     bad_grad_names,
+    finite_flag,
     grads_finite_flag,
     params_finite,
     scaler_active,
@@ -164,6 +165,7 @@ class Watcher:
         report_to: ReportTo = "rank0",
         output: str | Path | None = None,
         rerun_as: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+        unsharded: Callable[[], torch.nn.Module] | None = None,
         **options: Any,
     ) -> None:
         if on_problem not in ON_PROBLEM:
@@ -195,6 +197,10 @@ class Watcher:
         self.report_to: ReportTo = report_to
         self.output = Path(output) if output is not None else None
         self.rerun_as = rerun_as
+        self.unsharded = unsharded
+        """FSDP: builds an unsharded module of the same architecture; on a problem every rank
+        gathers the full state dict (a collective, after the ranks agreed) and the scanning rank
+        loads it into ``unsharded()`` and re-runs that."""
         """Turns the copy of the model into the module the re-run scans (the Lightning callback
         makes its forward run ``training_step``); None: the copy itself."""
         self.settings = settings_with(settings, options, "nan_hunter.watch()")
@@ -290,7 +296,7 @@ class Watcher:
         flag = grads_finite_flag(self._params)
         ok = flag is None or bool(flag)
         snapshot = None
-        if not ok and len(self.reports) < self.max_reports:
+        if not ok and len(self.reports) < self.max_reports and not sharded(self.module):
             try:
                 snapshot = replay_copy(self.module)
             except Exception:  # not copyable: w.step re-runs the current weights, or says why not
@@ -351,7 +357,7 @@ class Watcher:
         if problem is None:
             return None
         self.problems += 1
-        rerun = self._rerun(problem, batch, used, snapshot, skipped)
+        rerun = self._rerun(problem, batch, used, snapshot, skipped, self._full_state())
         detail = problem.detail + (f" (not scanned: {rerun.why_not})" if rerun.why_not else "")
         event = WatchEvent(
             step=index, reason=problem.reason, report=rerun.report, detail=detail, scale=used,
@@ -381,8 +387,9 @@ class Watcher:
                 f"rank {', '.join(map(str, others))} saw a problem at this step",
             )
         rerun = _Rerun(None, None, snapshot is not None or skipped)
+        full_state = self._full_state()  # every rank takes part in the gather, or none does
         if ranks.rank in scanning_ranks(codes):
-            rerun = self._rerun(problem, batch, scale, snapshot, skipped)
+            rerun = self._rerun(problem, batch, scale, snapshot, skipped, full_state)
         gathered = exchange(ranks, rerun.report, self.report_to)
         if gathered is not None:
             has_error = [None if r is None else r.errors > 0 for r in gathered]
@@ -403,6 +410,21 @@ class Watcher:
         )
         return self._finish(event)
 
+    def _full_state(self) -> dict[str, torch.Tensor] | None:
+        """FSDP with ``unsharded``: the full state dict, gathered from every rank (a collective:
+        called on every rank at the same agreed problem step, or on none)."""
+        if self.unsharded is None or len(self.reports) >= self.max_reports:
+            return None
+        if not sharded(self.module):
+            return None
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().cpu() for k, v in state.items()}
+
     def _rerun(
         self,
         problem: Problem,
@@ -410,6 +432,7 @@ class Watcher:
         scale: float | None,
         snapshot: torch.nn.Module | None,
         skipped: bool,
+        full_state: dict[str, torch.Tensor] | None = None,
     ) -> _Rerun:
         pre_step = snapshot is not None or skipped
         if len(self.reports) >= self.max_reports:
@@ -417,12 +440,7 @@ class Watcher:
         if batch is None:
             return _Rerun(None, "w.step() was given no batch", pre_step)
         if sharded(self.module):
-            return _Rerun(
-                None,
-                "FSDP shards the module's parameters: a copy could only run with collectives; "
-                "scan a saved full checkpoint with nan-hunter scan",
-                pre_step,
-            )
+            return self._rerun_sharded(batch, scale, full_state)
         if not pre_step and not params_finite(self.module):
             return _Rerun(
                 None,
@@ -436,6 +454,39 @@ class Watcher:
                 replay = replay_copy(self.module)
             except Exception as exc:  # a module holding something that cannot be copied
                 return _Rerun(None, f"the model cannot be deep-copied: {first_line(exc)}", pre_step)
+        return self._scan_replay(replay, batch, scale, pre_step)
+
+    def _rerun_sharded(
+        self, batch: Any, scale: float | None, full_state: dict[str, torch.Tensor] | None
+    ) -> _Rerun:
+        if self.unsharded is None or full_state is None:
+            return _Rerun(
+                None,
+                "FSDP shards the module's parameters: a copy could only run with collectives; "
+                "pass unsharded=<a function building the plain model> to watch()",
+                False,
+            )
+        try:
+            fresh = self.unsharded()
+            fresh.load_state_dict(full_state)
+        except Exception as exc:
+            return _Rerun(
+                None, f"unsharded() did not take the gathered state: {first_line(exc)}", False
+            )
+        flag = finite_flag(full_state.values())
+        if flag is not None and not bool(flag):
+            return _Rerun(
+                None,
+                "the optimizer already wrote non-finite values into the weights; with FSDP call "
+                "w.step() after the backward and before optimizer.step()",
+                False,
+            )
+        fresh.train(self.module.training)
+        return self._scan_replay(fresh, batch, scale, False)
+
+    def _scan_replay(
+        self, replay: torch.nn.Module, batch: Any, scale: float | None, pre_step: bool
+    ) -> _Rerun:
         try:
             if self.rerun_as is not None:
                 replay = self.rerun_as(replay)
@@ -508,6 +559,7 @@ def watch(
     max_reports: int = 1,
     report_to: ReportTo = "rank0",
     output: str | Path | None = None,
+    unsharded: Callable[[], torch.nn.Module] | None = None,
     **options: Any,
 ) -> Watcher:
     """Watch a training loop; use as ``with watch(model, optimizer, scaler) as w:`` and call
@@ -531,7 +583,10 @@ def watch(
     Under torch.distributed every rank must call ``w.step()`` equally often: the ranks agree on
     each call (one all-reduce), so with ``"stop"`` all stop at the same call and with
     ``"raise"`` all raise. ``report_to``: ``"rank0"`` (default) or ``"all"``: which ranks receive
-    the origin rank's report in their event; rank 0 logs a one-line summary.
+    the origin rank's report in their event; rank 0 logs a one-line summary. FSDP: a sharded
+    module is only re-run given ``unsharded`` (a function building the plain model): all ranks
+    then gather the full state dict and the scanning rank loads it into ``unsharded()``; call
+    ``w.step()`` before ``optimizer.step()`` there, as the weights cannot be copied before it.
 
     The re-run uses a deep copy of the model, so RNG-dependent layers (dropout) draw fresh
     random numbers; the user's model, its ``.grad`` and the optimizer are never modified.
@@ -539,5 +594,5 @@ def watch(
     return Watcher(
         model, optimizer, scaler, loss_fn=loss_fn, settings=settings, on_problem=on_problem,
         scale_floor=scale_floor, skip_patience=skip_patience, max_reports=max_reports,
-        report_to=report_to, output=output, **options,
+        report_to=report_to, output=output, unsharded=unsharded, **options,
     )
