@@ -1,4 +1,4 @@
-"""NH402 (warning): gradients lost to FP16 underflow without (enough) loss scaling."""
+"""NH402 (warning): gradients lost to FP16 underflow at the loss scale used."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ class GradientUnderflow(Rule):
     summary = "Many gradient values vanish or go subnormal in FP16: use GradScaler."
     doc = """\
 ## What
-A configurable share (default 25%) of a module's nonzero gradient values, as computed in FP32,
-become 0 or subnormal (below 6.1e-5) when rounded to FP16 during backward. The report gives the
-share per module, and the range of loss scales for which no gradient overflows and underflow
-stays under the threshold.
+A configurable share (default 25%) of nonzero gradient values, as computed in FP32, become 0 or
+subnormal (below 6.1e-5) when rounded to FP16 during backward, at the loss scale the scan models
+(GradScaler's default 2**16 unless `--grad-scale` says otherwise). Measured where it happens:
+at a module's parameter gradients, and at a dtype-cast boundary, where a gradient computed in
+FP32 (a loss autocast runs in FP32) is cast down to the FP16 output that fed it, before any
+parameter gradient exists. Modules at the same source line (the layers of a stack) are one
+finding whose `modules` lists them. The report gives the range of loss scales for which no
+gradient overflows and underflow stays under the threshold.
 
 ## Why
 Gradients of deep networks are small: 1e-6 .. 1e-9 are common. FP16 cannot hold values below
@@ -28,8 +32,9 @@ with no NaN to tell you.
 ## Example
 ```python
 with torch.autocast("cuda", dtype=torch.float16):
-    loss = model(x).loss
-loss.backward()                               # no GradScaler: tiny gradients flush to 0
+    decoded = decoder(z)                      # FP16
+    loss = 1e-6 * F.mse_loss(decoded, x)      # FP32; its gradient, ~1e-10, is cast to FP16
+scaler.scale(loss).backward()                 # even at 2**16 it is subnormal: mostly lost
 ```
 
 ## Fix
