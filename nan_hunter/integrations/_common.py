@@ -151,7 +151,7 @@ def preflight_scan(
     """Scan a copy of ``module`` on ``batch`` as it will run under CUDA FP16 autocast (on the
     CPU, emulated): the user's module, wherever it lives, is not touched."""
     from nan_hunter.api import scan
-    from nan_hunter.training.watcher import replay_copy
+    from nan_hunter.training.replay import replay_copy
 
     replay = replay_copy(module)
     if rerun_as is not None:

@@ -34,9 +34,9 @@ except ImportError:  # the standalone package
 from nan_hunter.findings import Report
 from nan_hunter.integrations._common import preflight_scan, write_report
 from nan_hunter.training.distributed import ReportTo
-from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent
+from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
 from nan_hunter.training.verdict import Reason
-from nan_hunter.training.watcher import Watcher, summary_line
+from nan_hunter.training.watcher import Watcher
 
 __all__ = ["NanHunterCallback", "as_training_step"]
 

@@ -35,9 +35,9 @@ from nan_hunter.integrations._common import (
     write_report,
 )
 from nan_hunter.training.distributed import ReportTo
-from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent
+from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
 from nan_hunter.training.verdict import Reason
-from nan_hunter.training.watcher import Watcher, summary_line
+from nan_hunter.training.watcher import Watcher
 
 __all__ = ["NanHunterCallback"]
 

@@ -2,18 +2,24 @@
 
 Modules: ``verdict`` (is this step a problem), ``checks`` (finite flags, GradScaler's scale),
 ``events`` (``WatchEvent``, ``TrainingProblem``, ``StepsResult``), ``watcher`` (``watch``),
-``distributed`` (agreement across ranks), ``clipping`` (clip-before-unscale), ``steps``
-(``run_steps``).
+``replay`` (the module a re-run scans: wrappers removed, FSDP gathered), ``distributed``
+(agreement across ranks), ``clipping`` (clip-before-unscale), ``steps`` (``run_steps``).
 """
 
 from __future__ import annotations
 
 from nan_hunter.training.checks import finite_flag, grads_finite_flag
 from nan_hunter.training.clipping import WatchWarning
-from nan_hunter.training.events import OnProblem, StepsResult, TrainingProblem, WatchEvent
+from nan_hunter.training.events import (
+    OnProblem,
+    StepsResult,
+    TrainingProblem,
+    WatchEvent,
+    summary_line,
+)
 from nan_hunter.training.steps import DEFAULT_LR, run_steps
 from nan_hunter.training.verdict import Reason
-from nan_hunter.training.watcher import Watcher, summary_line, watch
+from nan_hunter.training.watcher import Watcher, watch
 
 __all__ = [
     "DEFAULT_LR",

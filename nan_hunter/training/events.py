@@ -74,3 +74,20 @@ class StepsResult:
     when no step went bad."""
     reason: Reason | None = None
     detail: str = ""
+
+
+def summary_line(event: WatchEvent) -> str:
+    """One line for a log: step, rank, reason, and the origin's first finding."""
+    ranks = f" on {event.world_size} ranks" if event.world_size > 1 else ""
+    origin = f", origin rank {event.origin_rank}" if event.origin_rank is not None else ""
+    line = f"training step {event.step}{ranks}: {event.reason.value}{origin}"
+    first = event.report.findings[0] if event.report and event.report.findings else None
+    if first is not None:
+        at = f" at {first.location.render()}" if first.location else ""
+        module = f" in {first.module}" if first.module else ""
+        line += f"; {first.code} {first.op or 'input'}{module}{at}"
+    elif event.report is not None:
+        line += "; the re-run of the step is clean"
+    if event.report_path:
+        line += f"; report {event.report_path}"
+    return line

@@ -23,7 +23,7 @@ see ``nan_hunter.training.distributed``.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
 import math
 import weakref
@@ -39,7 +39,6 @@ from torch.utils.hooks import RemovableHandle
 from nan_hunter.config import Settings
 from nan_hunter.errors import ConfigError, NanHunterError, first_line
 from nan_hunter.findings import Report
-from nan_hunter.loader import unwrap_model
 from nan_hunter.options import explicitly_set, settings_with
 from nan_hunter.runner import LossFn
 from nan_hunter.training.checks import (
@@ -65,47 +64,22 @@ from nan_hunter.training.distributed import (
     rank_path,
     scanning_ranks,
 )
-from nan_hunter.training.events import ON_PROBLEM, OnProblem, TrainingProblem, WatchEvent
+from nan_hunter.training.events import (
+    ON_PROBLEM,
+    OnProblem,
+    TrainingProblem,
+    WatchEvent,
+    summary_line,
+)
+from nan_hunter.training.replay import (
+    full_state,
+    replay_copy,
+    sharded,
+    unwrap_training_objects,
+)
 from nan_hunter.training.verdict import Problem, Reason, step_verdict
 
 log = logging.getLogger("nan_hunter")
-
-
-def unwrap_training_objects(
-    model: torch.nn.Module, optimizer: Any, scaler: Any
-) -> tuple[torch.nn.Module, Any, Any]:
-    """The plain module, torch optimizer and GradScaler behind what a framework hands out:
-    accelerate's ``AcceleratedOptimizer`` (its ``.optimizer``, and its ``.scaler`` when no
-    scaler is given: a step pre-hook on the wrapper itself fails), DDP and ``torch.compile``
-    wrappers around the model (``unwrap_model``)."""
-    module, _ = unwrap_model(model)
-    inner = getattr(optimizer, "optimizer", None)
-    if isinstance(inner, torch.optim.Optimizer) and type(optimizer).__name__ == (
-        "AcceleratedOptimizer"
-    ):
-        if scaler is None:
-            scaler = getattr(optimizer, "scaler", None)
-        optimizer = inner
-    return module, optimizer, scaler
-
-
-def replay_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of ``module`` to re-run; a forward that accelerate wrapped (autocast, outputs
-    converted to FP32) is put back to the module's own, so the scan applies its own precision."""
-    replay = copy.deepcopy(module)
-    if replay.__dict__.pop("_original_forward", None) is not None:
-        replay.__dict__.pop("forward", None)  # back to the class's forward
-    return replay
-
-
-def sharded(module: torch.nn.Module) -> bool:
-    """FSDP inside ``module`` (an FSDP1 wrapper, an FSDP2 ``fully_shard`` module or a DTensor
-    parameter): its forward gathers parameters across ranks, so a re-run on one rank would
-    wait for the others forever."""
-    if any("FSDP" in type(sub).__name__ or type(sub).__name__ == "FullyShardedDataParallel"
-           for sub in module.modules()):
-        return True
-    return any(type(p).__name__ in ("DTensor", "FlatParameter") for p in module.parameters())
 
 
 def _first_grad(params: list[torch.Tensor]) -> torch.Tensor | None:
@@ -411,19 +385,11 @@ class Watcher:
         return self._finish(event)
 
     def _full_state(self) -> dict[str, torch.Tensor] | None:
-        """FSDP with ``unsharded``: the full state dict, gathered from every rank (a collective:
-        called on every rank at the same agreed problem step, or on none)."""
+        """FSDP with ``unsharded``: the full state dict (a collective: called on every rank at
+        the same agreed problem step, or on none)."""
         if self.unsharded is None or len(self.reports) >= self.max_reports:
             return None
-        if not sharded(self.module):
-            return None
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))
-        return {k: v.detach().cpu() for k, v in state.items()}
+        return full_state(self.module) if sharded(self.module) else None
 
     def _rerun(
         self,
@@ -500,7 +466,7 @@ class Watcher:
                 path = Path(rank_path(str(self.output), self._ranks))
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(event.report.render("json"), encoding="utf-8")
-                event = _with_path(event, str(path))
+                event = dataclasses.replace(event, report_path=str(path))
             self.reports.append(event)
             if self._ranks is not None and self._ranks.rank == 0:
                 log.warning("nan-hunter: %s", summary_line(event))
@@ -513,37 +479,12 @@ class Watcher:
     def _scan(self, replay: torch.nn.Module, batch: Any, scale: float | None) -> Report:
         """The scan models the loss scale the step ran with: the GradScaler's current scale,
         or no scaling without one, unless ``grad_scale`` was set explicitly."""
-        import dataclasses
-
         from nan_hunter.api import scan
 
         settings = self.settings
         if not explicitly_set(settings, "grad_scale"):
             settings = dataclasses.replace(settings, grad_scale=scale)
         return scan(replay, batch, self.loss_fn, settings=settings)
-
-
-def _with_path(event: WatchEvent, path: str) -> WatchEvent:
-    import dataclasses
-
-    return dataclasses.replace(event, report_path=path)
-
-
-def summary_line(event: WatchEvent) -> str:
-    """One line for a log: step, rank, reason, and the origin's first finding."""
-    ranks = f" on {event.world_size} ranks" if event.world_size > 1 else ""
-    origin = f", origin rank {event.origin_rank}" if event.origin_rank is not None else ""
-    line = f"training step {event.step}{ranks}: {event.reason.value}{origin}"
-    first = event.report.findings[0] if event.report and event.report.findings else None
-    if first is not None:
-        at = f" at {first.location.render()}" if first.location else ""
-        module = f" in {first.module}" if first.module else ""
-        line += f"; {first.code} {first.op or 'input'}{module}{at}"
-    elif event.report is not None:
-        line += "; the re-run of the step is clean"
-    if event.report_path:
-        line += f"; report {event.report_path}"
-    return line
 
 
 def watch(
