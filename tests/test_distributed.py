@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests.ddp_worker import ACCUMULATE, BAD_RANK, BAD_STEP
@@ -118,3 +119,20 @@ def test_lightning_ddp_strategy_stops_every_rank_with_the_origins_report(tmp_pat
         f"nan_hunter_step{LIGHTNING_BAD_STEP}.rank0.json",
         f"nan_hunter_step{LIGHTNING_BAD_STEP}.rank0.txt",
     ]
+
+
+def test_origin_rules_without_processes() -> None:
+    """The origin is the first rank whose own loss broke; without one, every rank scans and the
+    first whose scan found an error is the origin (DDP: all ranks see the all-reduced NaN)."""
+    from nan_hunter.training.distributed import choose_origin, rank_path, scanning_ranks
+
+    assert scanning_ranks([0, 2, 2, 1]) == [1]
+    assert scanning_ranks([1, 1, 0, 0]) == [0, 1, 2, 3]
+    assert choose_origin([1, 2, 2, 0], [None, True, None, None]) == 1
+    assert choose_origin([1, 1, 1], [False, None, True]) == 2
+    assert choose_origin([1, 1], [False, False]) == 0
+    assert choose_origin([1, 1], [None, None]) is None
+    from nan_hunter.training.distributed import Ranks
+
+    assert rank_path("out/nan.json", None) == "out/nan.json"
+    assert rank_path("out/nan.json", Ranks(3, 4, torch.device("cpu"))) == "out/nan.rank3.json"
