@@ -363,7 +363,13 @@ class Watcher:
         rerun = _Rerun(None, None, snapshot is not None or skipped)
         full_state = self._full_state()  # every rank takes part in the gather, or none does
         if ranks.rank in scanning_ranks(codes):
-            rerun = self._rerun(problem, batch, scale, snapshot, skipped, full_state)
+            try:
+                rerun = self._rerun(problem, batch, scale, snapshot, skipped, full_state)
+            except Exception as exc:  # the other ranks wait in the gather: never leave it
+                rerun = _Rerun(
+                    None, f"the re-run failed: {type(exc).__name__}: {first_line(exc)}",
+                    rerun.pre_step,
+                )
         gathered = exchange(ranks, rerun.report, self.report_to)
         if gathered is not None:
             has_error = [None if r is None else r.errors > 0 for r in gathered]
