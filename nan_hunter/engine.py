@@ -82,11 +82,12 @@ def scan_target(target: Target, settings: Settings) -> Report:
         settled, skipped = back_off(scale, window, fmt, low.loss)
         if settled != scale:  # analyse the step GradScaler lets through
             scale = settled
-            low, log = backward.run(scale)
+            why = f"backward at GradScaler's backed-off {scale_text(scale)}"
+            low, log = backward.run(scale, why)
         if backward_origins(low) and scale > 1.0:  # overflows wherever GradScaler can go
             skipped += round(math.log2(scale))
             scale = 1.0
-            low, log = backward.run(scale)
+            low, log = backward.run(scale, "unscaled backward: overflows at every scale")
     if low.backward_ran:
         info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
     ref: PassResult | None = None
@@ -140,17 +141,13 @@ class _Backward:
     ) -> None:
         self.target, self.settings, self.plan = target, settings, plan
         self.model, self.batch = model, batch
-        self.runs = 0
 
-    def run(self, scale: float) -> tuple[PassResult, GradientLog | None]:
+    def run(self, scale: float, why: str = "") -> tuple[PassResult, GradientLog | None]:
+        """One low-precision pass at loss ``scale``; ``why`` names a repeated one."""
         log = GradientLog(self.plan.fmt) if self.plan.emulate and self.settings.backward else None
         settings = self.settings
-        what = f"{settings.dtype} {settings.mode} pass"
-        if self.runs == 0:
-            announce(what + (" + backward" if settings.backward else ""))
-        else:
-            announce(f"{what} again at loss scale {scale_text(scale)}")
-        self.runs += 1
+        backward = " + backward" if settings.backward else ""
+        announce(why or f"{settings.dtype} {settings.mode} pass{backward}")
         low = run_pass(
             self.model,
             _fresh(self.batch),
@@ -178,10 +175,11 @@ class _Backward:
         share = self.settings.grad_underflow_share
         if scale != 1.0 and backward_origins(low):
             scale = 1.0
-            low, log = self.run(scale)
+            low, log = self.run(scale, "unscaled backward for the loss-scale window")
         needed = log.boundary_low(scale, share)
         if needed is not None and 2.0**needed > scale:
-            better, better_log = self.run(2.0**needed)
+            why = f"backward at {scale_text(2.0**needed)}, the scale a cast boundary needs"
+            better, better_log = self.run(2.0**needed, why)
             if not backward_origins(better) and better_log is not None:
                 low, log, scale = better, better_log, 2.0**needed
         records = [*low.param_grads.values(), *(b.record for b in log.boundaries)]

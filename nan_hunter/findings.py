@@ -149,7 +149,8 @@ class LossScaling:
     """Dynamic: steps GradScaler would skip before settling at ``used``."""
 
     def render(self) -> str:
-        """``loss scale 2**16 (GradScaler's default)``, ``no loss scaling``, ..."""
+        """``GradScaler 2**16, dynamic`` (GradScaler's default), ``loss scale 1024``, ``no loss
+        scaling``."""
         if self.policy == "none":
             return "no loss scaling"
         if self.policy == "fixed":
@@ -160,7 +161,7 @@ class LossScaling:
             if self.skipped
             else ""
         )
-        return f"loss scale {scale_text(self.initial)}: GradScaler's default, dynamic{settled}"
+        return f"GradScaler {scale_text(self.initial)}, dynamic{settled}"
 
 
 def scale_text(scale: float) -> str:

@@ -28,6 +28,18 @@ PRECISION_FIXES = [
 """Models whose first finding has an FP32-region patch (default settings)."""
 
 
+def fixture_options(path: Path) -> dict[str, object]:
+    """Settings a fixture asks for (``EXPECTED["options"]``: half mode, no loss scaling)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_options_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    expected = getattr(module, "EXPECTED", None)
+    return dict(expected.get("options", {})) if isinstance(expected, dict) else {}
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden",

@@ -96,7 +96,7 @@ def test_cli_grad_scale() -> None:
     for scale, header in [
         ("4194304", "loss scale 2**22)"),
         ("2**22", "loss scale 2**22)"),
-        ("dynamic", "loss scale 2**16: GradScaler's default, dynamic)"),
+        ("dynamic", "GradScaler 2**16, dynamic)"),
         ("none", "no loss scaling)"),
     ]:
         ok = runner.invoke(app, ["scan", str(UNDERFLOW), "--grad-scale", scale, "--exit-zero"])
@@ -117,7 +117,7 @@ def test_default_models_gradscaler_and_says_so() -> None:
         "dynamic", 2.0**16, 2.0**16, 0
     )
     assert report.render().splitlines()[0].endswith(
-        "(policy cuda, loss scale 2**16: GradScaler's default, dynamic)"
+        "(policy cuda, GradScaler 2**16, dynamic)"
     )
     data = json.loads(report.to_json())
     assert data["target"]["loss_scaling"] == {

@@ -413,7 +413,7 @@ def test_markdown_has_the_diff_block_and_stats_table() -> None:
     t = report.target
     assert text.startswith(
         f"# nan-hunter: `examples/matrix_inverse.py` ({t.mode}, {t.dtype}, {t.device}, "
-        f"policy {t.policy}, loss scale 2\\*\\*16: GradScaler's default, dynamic): findings\n"
+        f"policy {t.policy}, GradScaler 2\\*\\*16, dynamic): findings\n"
     )
     assert "## NH101 · overflow · `examples/matrix_inverse.py:46`" in text
     assert "| tensor | shape | dtype | min | max | NaN | +inf | -inf |" in text

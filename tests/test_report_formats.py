@@ -6,7 +6,6 @@ Regenerate the golden files after an intended change with ``pytest --update-gold
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.report import render
 from nan_hunter.report.json_report import SCHEMA, report_dict
-from tests.conftest import EXAMPLES, FIXTURES, GOLDEN
+from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, fixture_options
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "nan_hunter" / "report" / "report.schema.json"
 ALL_MODELS = sorted(EXAMPLES.glob("*.py")) + sorted(
@@ -48,13 +47,7 @@ def test_schema_rejects_a_finding_without_location() -> None:
 
 
 def _options(path: Path) -> dict[str, object]:
-    """Settings a fixture asks for (``EXPECTED["options"]``), e.g. half mode."""
-    spec = importlib.util.spec_from_file_location(f"_options_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    expected = getattr(module, "EXPECTED", None)
-    return dict(expected.get("options", {})) if isinstance(expected, dict) else {}
+    return fixture_options(path)
 
 
 GOLDEN_CASES = [

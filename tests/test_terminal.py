@@ -18,12 +18,13 @@ from typer.testing import CliRunner
 from nan_hunter import terminal
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
+from nan_hunter.config import load_settings
 from nan_hunter.progress import listening
 from nan_hunter.report import render
 from nan_hunter.report.text import MIN_WIDTH, render_rules
 from nan_hunter.rules import all_rules
 from nan_hunter.terminal import ColorChoice, report_width, wants_color
-from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, ROOT
+from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, ROOT, fixture_options
 
 runner = CliRunner()
 WIDTH80 = [EXAMPLES / "matrix_inverse.py", FIXTURES / "fx_grad_underflow.py"]
@@ -78,7 +79,8 @@ def test_width_is_the_terminal_s_at_least_80(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize("path", WIDTH80, ids=lambda p: p.stem)
 def test_golden_report_at_80_columns(path: Path, update_golden: bool) -> None:
-    report = dataclasses.replace(scan_file(str(path)), seconds=0.0)
+    settings = load_settings(overrides=fixture_options(path))
+    report = dataclasses.replace(scan_file(str(path), settings), seconds=0.0)
     rendered = render(report, "text", width=80)
     golden = GOLDEN / "width80" / f"{path.stem}.txt"
     if update_golden or not golden.exists():
@@ -213,7 +215,10 @@ def test_cli_progress_shows_passes_and_fix_verification(monkeypatch: pytest.Monk
         "float16 autocast pass + backward",
         "FP32 reference pass",
         "verifying a fix: re-scan of a patched copy",
+        # the fixed copy's gradients overflow at GradScaler's 2**16: its back-off is simulated
         "float16 autocast pass + backward",
+        "unscaled backward for the loss-scale window",
+        "backward at GradScaler's backed-off 2**10",
     ]
     shown.clear()
     assert invoke("scan", str(EXAMPLES / "matrix_inverse.py"), "--quiet")[0] == 1

@@ -532,13 +532,21 @@ def test_cli_steps_finds_the_step_that_breaks() -> None:
 
 
 def test_watch_is_importable_as_users_import_it() -> None:
-    """``from nan_hunter import watch`` is the function; the old ``nan_hunter.watch`` module
-    still exports everything and, sharing the function's name, is callable as it."""
-    import nan_hunter
-    import nan_hunter.training as training
-    from nan_hunter import watch as from_package
+    """``from nan_hunter import watch`` is the function (checked in a fresh interpreter: once
+    any code imported the old ``nan_hunter.watch`` module, Python binds that name to it); the
+    old module still exports everything and, sharing the function's name, is callable as it."""
+    import subprocess
+    import sys
 
-    assert from_package is training.watch
+    fresh = subprocess.run(
+        [sys.executable, "-c",
+         "import nan_hunter.training as t\n"
+         "from nan_hunter import watch\n"
+         "assert watch is t.watch, watch\n"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    import nan_hunter.training as training
     import nan_hunter.watch as old
     from nan_hunter.watch import Watcher as OldWatcher
     from nan_hunter.watch import watch as old_watch
