@@ -30,14 +30,16 @@ def _quiet() -> None:
 # --------------------------------------------------------------------- Hugging Face Trainer
 
 
-def _trainer(tmp_path: Path, callback: Any, data: Any, steps: int = 8) -> Any:
+def _trainer(
+    tmp_path: Path, callback: Any, data: Any, steps: int = 8, accumulate: int = 1
+) -> Any:
     tf = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     torch.manual_seed(0)
     args = tf.TrainingArguments(
         output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=1, max_steps=steps,
         learning_rate=1e-3, report_to=[], logging_strategy="no", save_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0,
+        disable_tqdm=True, dataloader_num_workers=0, gradient_accumulation_steps=accumulate,
     )
     return tf.Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback])
 
@@ -84,6 +86,21 @@ def test_trainer_callback_report_only_lets_the_run_finish(tmp_path: Path) -> Non
     assert callback.events[0].report is not None
     assert all(e.report is None and "max_reports=1" in e.detail for e in callback.events[1:])
     assert callback.preflight is None
+
+
+def test_trainer_callback_rescans_the_micro_batch_that_broke(tmp_path: Path) -> None:
+    """Gradient accumulation over 2 micro-batches: the bad row is the first micro-batch of
+    optimizer step 2; the re-run uses it, not the (clean) last micro-batch of the step."""
+    from nan_hunter.integrations.transformers import NanHunterCallback
+
+    callback = NanHunterCallback(preflight=False)
+    trainer = _trainer(tmp_path, callback, dataset(n=12, bad_step=4), steps=6, accumulate=2)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    (event,) = callback.events
+    assert (event.step, event.reason) == (2, Reason.LOSS)
+    assert event.report is not None
+    assert [(f.code, f.module) for f in event.report.findings[:1]] == [("NH101", "fc1")]
 
 
 def test_trainer_preflight_catches_fp16_overflow_before_step_0(tmp_path: Path) -> None:
