@@ -230,3 +230,23 @@ def test_lightning_preflight_catches_fp16_overflow_before_step_0(tmp_path: Path)
     assert (first.code, first.module) == ("NH102", "fc1")
     assert first.location is not None and first.location.line == LINE
     assert (tmp_path / "nan_hunter_preflight.json").exists()
+
+
+def test_callbacks_reject_bad_options_when_made() -> None:
+    from nan_hunter.errors import ConfigError
+
+    made = 0
+    for name in ("transformers", "lightning"):
+        module = "pytorch_lightning" if name == "lightning" else "transformers"
+        try:
+            __import__(module)
+        except ImportError:
+            continue
+        callback = __import__(f"nan_hunter.integrations.{name}", fromlist=["x"]).NanHunterCallback
+        with pytest.raises(ConfigError, match="unknown option 'dtyp'"):
+            callback(dtyp="float16")
+        with pytest.raises(ConfigError, match="on_problem"):
+            callback(on_problem="explode")
+        made += 1
+    if not made:
+        pytest.skip("neither framework is installed")

@@ -67,9 +67,8 @@ class NanHunterCallback(TrainerCallback):
         self.events: list[WatchEvent] = []
         self.report_files: list[Path] = []
         self._capture: ForwardCapture | None = None
-        # fail on a bad option now, not at train time
-        Watcher(_Probe(), on_problem=on_problem, report_to=report_to, max_reports=max_reports,
-                **options)
+        Watcher(torch.nn.Module(), on_problem=on_problem, report_to=report_to,
+                max_reports=max_reports, **options)  # a bad option fails here, not at train time
 
     # ------------------------------------------------------------------ events
 
@@ -162,7 +161,3 @@ class NanHunterCallback(TrainerCallback):
             self._capture = None
         if self.watcher is not None:
             self.watcher.close()
-
-
-class _Probe(torch.nn.Module):
-    """An empty module to validate the options with."""
