@@ -442,10 +442,12 @@ def _emit(text: str, output: Path | None, *, color: bool = False) -> None:
 
 
 def _write(path: Path, text: str) -> None:
+    from nan_hunter.safe_write import write_file
+
     try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise _fail(f"cannot write {path}: {exc.strerror or exc}") from None
+        write_file(path, text)
+    except NanHunterError as exc:
+        raise _fail(str(exc)) from None
 
 
 @app.command()

@@ -3,15 +3,13 @@
 A fix is *verified* when its diff, applied to a temporary copy of the user's file, makes the
 finding's origin disappear from a re-scan with the same options. The copy lives in a temporary
 folder; the file's own folder is put on ``sys.path`` so that its sibling imports still work. The
-user's file is only written by ``apply_fixes`` (``--fix``): to a temporary file that is renamed
-over it, after copying the original to ``FILE.orig`` unless asked not to.
+user's file is only written by ``apply_fixes`` (``--fix``), through ``nan_hunter.safe_write``: the
+original first goes to a new ``FILE.orig`` (``FILE.orig.1``... when taken) unless asked not to,
+then a fsynced temporary file is renamed over the source.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,6 +19,7 @@ from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Applicability, Finding, Report
 from nan_hunter.fixes.apply import PatchConflict, apply_diffs
 from nan_hunter.loader import folder_on_path
+from nan_hunter.safe_write import replace_with_backup, write_file
 
 Rescan = Callable[[Path], Report]
 """Scans a model file with the options of the original scan."""
@@ -53,7 +52,7 @@ def verify_fixes(report: Report, rescan: Rescan) -> Report:
         if fix is not None and fix.diff and fix.file:
             try:
                 after = scan_patched(Path(fix.file), [fix.diff], rescan)
-            except (NanHunterError, OSError) as exc:
+            except (NanHunterError, OSError, UnicodeError) as exc:
                 fix = replace(fix, verified=False, remaining=(f"re-scan failed: {exc}",))
             else:
                 errors = [g for g in after.findings if g.is_error]
@@ -87,9 +86,17 @@ def _applicable(f: Finding, unsafe: bool) -> str | None:
 
 
 def apply_fixes(
-    report: Report, *, unsafe: bool = False, backup: bool = True
+    report: Report,
+    *,
+    unsafe: bool = False,
+    backup: bool = True,
+    backed_up: set[Path] | None = None,
 ) -> list[Applied]:
-    """Write every applicable fix of ``report`` into its file (one write per file)."""
+    """Write every applicable fix of ``report`` into its file (one write per file).
+
+    With ``backup``, each file is first copied to a new ``FILE.orig[.N]`` (see ``safe_write``),
+    except the files in ``backed_up`` (already backed up earlier in the same run); the files
+    backed up now are added to it."""
     by_file: dict[Path, list[Finding]] = {}
     skipped: dict[Path, list[tuple[Finding, str]]] = {}
     for f in report.active:  # a suppressed finding is the user's call: never fixed
@@ -109,7 +116,10 @@ def apply_fixes(
             chosen, conflicts = _without_conflicts(path, chosen)
             skipped.setdefault(path, []).extend(conflicts)
             text = apply_diffs(path.read_text(encoding="utf-8"), [f.fix.diff for f in chosen])  # type: ignore[union-attr,misc]
-            saved = _write(path, text, backup=backup)
+            first = backed_up is None or path not in backed_up
+            saved = _write(path, text, backup=backup and first)
+            if saved is not None and backed_up is not None:
+                backed_up.add(path)
         results.append(Applied(path, tuple(chosen), tuple(skipped.get(path, [])), saved))
     return results
 
@@ -132,22 +142,10 @@ def _without_conflicts(
 
 
 def _write(path: Path, text: str, *, backup: bool) -> Path | None:
-    saved = None
     if backup:
-        saved = path.with_name(path.name + ".orig")
-        if not saved.exists():  # keep the very first original across --fix-all rounds
-            shutil.copy2(path, saved)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        shutil.copymode(path, temp)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    return saved
+        return replace_with_backup(path, text)
+    write_file(path, text)
+    return None
 
 
 @dataclass(frozen=True)
@@ -170,10 +168,11 @@ def fix_all(
     ``rounds`` rounds have run. Returns the rounds and the final scan."""
     done: list[Round] = []
     report = verify_fixes(scan(path), scan)
+    backed_up: set[Path] = set()  # one backup per file per run: the version before round 1
     for number in range(1, rounds + 1):
         if report.errors == 0:
             break
-        applied = apply_fixes(report, unsafe=unsafe, backup=backup)
+        applied = apply_fixes(report, unsafe=unsafe, backup=backup, backed_up=backed_up)
         done.append(Round(number, report, tuple(applied)))
         if not any(a.fixed for a in applied):
             break

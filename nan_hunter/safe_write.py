@@ -1,0 +1,191 @@
+"""Every file nan-hunter writes goes through here: written whole or not at all, never lost.
+
+``write_file`` writes a temporary file in the target's own folder, fsyncs it, renames it over
+the target and fsyncs the folder: a full disk, a crash or Ctrl-C leaves either the old file or the
+new one, never a truncated mix. An existing target keeps its permission bits and, when we run as
+root, its owner. ``replace_with_backup`` (``--fix``) first writes the current source to a new
+backup (``FILE.orig``, or ``FILE.orig.1``, ``FILE.orig.2``... when that name is taken: an existing
+backup is never trusted nor overwritten), fsynced and checked byte for byte, and only then
+replaces the source. Failures raise ``WriteError`` with one line naming the file; nothing was
+changed then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from nan_hunter.errors import NanHunterError
+
+MAX_BACKUPS = 1000
+"""``FILE.orig`` then ``FILE.orig.1`` ... ``FILE.orig.999``: more than that is refused."""
+
+
+class WriteError(NanHunterError):
+    """A file could not be written; the target is unchanged."""
+
+
+def write_file(path: Path, data: str | bytes, *, encoding: str = "utf-8") -> None:
+    """Replace (or create) ``path`` with ``data`` atomically and durably."""
+    payload = data.encode(encoding) if isinstance(data, str) else data
+    path = Path(path)
+    existing = _stat_or_none(path)
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise WriteError(f"cannot write {path}: not a regular file")
+    if existing is not None and _read_only(path, existing):
+        raise WriteError(f"cannot write {path}: the file is read-only")
+    temp = _write_temp(path, payload, like=existing)
+    try:
+        os.replace(temp, path)
+    except OSError as exc:
+        _remove(temp)
+        raise WriteError(f"cannot write {path}: {_why(exc)}") from exc
+    _fsync_folder(path.parent)
+
+
+def replace_with_backup(path: Path, data: str | bytes, *, encoding: str = "utf-8") -> Path:
+    """Back ``path`` up to a new ``FILE.orig[.N]`` (durably), then replace it with ``data``.
+
+    Returns the backup's path. When anything fails, ``path`` is unchanged."""
+    path = Path(path)
+    backup = make_backup(path)
+    try:
+        write_file(path, data, encoding=encoding)
+    except BaseException:
+        # The source is untouched: a backup of it is only noise. Keep it if it cannot go.
+        _remove(backup)
+        raise
+    return backup
+
+
+def make_backup(path: Path) -> Path:
+    """A new backup file holding exactly the bytes of ``path``; never overwrites one."""
+    try:
+        original = path.read_bytes()
+        info = path.stat()
+    except OSError as exc:
+        raise WriteError(f"cannot read {path} to back it up: {_why(exc)}") from exc
+    if _read_only(path, info):
+        raise WriteError(f"cannot fix {path}: the file is read-only")
+    temp = _write_temp(path, original, like=info)
+    try:
+        backup = _link_to_free_name(temp, path)
+    finally:
+        _remove(temp)
+    _fsync_folder(path.parent)
+    try:
+        if backup.read_bytes() != original:  # paranoia: a backup we cannot trust is none
+            raise WriteError(f"backup {backup} does not match {path}; nothing was changed")
+    except OSError as exc:
+        raise WriteError(f"cannot check backup {backup}: {_why(exc)}") from exc
+    return backup
+
+
+def backup_names(path: Path) -> list[Path]:
+    """The names a backup of ``path`` may take, in the order they are tried."""
+    base = path.with_name(path.name + ".orig")
+    return [base, *(path.with_name(f"{path.name}.orig.{n}") for n in range(1, MAX_BACKUPS))]
+
+
+def _link_to_free_name(temp: Path, path: Path) -> Path:
+    """Give the finished temporary file the first free backup name (no-clobber, atomic)."""
+    for name in backup_names(path):
+        try:
+            os.link(temp, name)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV):
+                raise WriteError(f"cannot write backup {name}: {_why(exc)}") from exc
+            if name.exists() or name.is_symlink():  # no hard links here: rename, unless taken
+                continue
+            try:
+                os.rename(temp, name)
+            except OSError as exc2:
+                raise WriteError(f"cannot write backup {name}: {_why(exc2)}") from exc2
+        return name
+    raise WriteError(
+        f"cannot back up {path}: {path.name}.orig and {MAX_BACKUPS - 1} numbered backups "
+        "exist already; remove old ones or use --no-backup"
+    )
+
+
+def _write_temp(path: Path, payload: bytes, *, like: os.stat_result | None) -> Path:
+    """A fsynced temporary file next to ``path`` with ``payload``, mode (and owner) of ``like``."""
+    folder = path.parent
+    try:
+        folder_info = folder.stat()
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {_why(exc)}") from exc
+    if _read_only(folder, folder_info):
+        raise WriteError(f"cannot write {path}: the folder {folder} is read-only")
+    try:
+        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".nan-hunter", dir=folder)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise WriteError(f"cannot write {path}: the folder {folder} is read-only") from exc
+        raise WriteError(f"cannot write {path}: {_why(exc)}") from exc
+    temp = Path(name)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(payload)
+            out.flush()
+            os.fsync(out.fileno())
+        if like is not None:
+            os.chmod(temp, stat.S_IMODE(like.st_mode))
+            if hasattr(os, "geteuid") and os.geteuid() == 0:
+                os.chown(temp, like.st_uid, like.st_gid)
+        else:
+            os.chmod(temp, 0o666 & ~_umask())
+    except BaseException as exc:
+        _remove(temp)
+        if isinstance(exc, OSError):
+            raise WriteError(f"cannot write {path}: {_why(exc)}; nothing was changed") from exc
+        raise
+    return temp
+
+
+def _read_only(path: Path, info: os.stat_result) -> bool:
+    """Not writable for us, or (for root, who may write anything) with no write bit at all."""
+    no_write_bits = not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    return no_write_bits or not os.access(path, os.W_OK)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable; not every platform or filesystem allows it."""
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {_why(exc)}") from exc
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "no space left on the device"
+    return exc.strerror or str(exc)
