@@ -11,7 +11,7 @@ import torch
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
 from nan_hunter.findings import Report
-from nan_hunter.loader import Names, Target, as_batch, load_target, unwrap_model
+from nan_hunter.loader import Names, Target, as_batch, load_target, model_folder, unwrap_model
 from nan_hunter.options import settings_with
 from nan_hunter.runner import LossFn
 from nan_hunter.suppressions import apply_suppressions
@@ -100,5 +100,6 @@ def scan_file(
 ) -> Report:
     """Load the model file ``spec`` (path or ``pkg.module``) and scan it. Findings on a line
     with a ``# nan-hunter: ignore[CODE] -- reason`` comment come back suppressed."""
-    target = load_target(spec, names or Names(), weights=weights, batch_file=batch_file)
-    return apply_suppressions(scan_target(target, settings or load_settings()))
+    with model_folder(spec):  # for imports inside build_model() and forward, too
+        target = load_target(spec, names or Names(), weights=weights, batch_file=batch_file)
+        return apply_suppressions(scan_target(target, settings or load_settings()))

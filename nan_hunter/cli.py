@@ -9,24 +9,64 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
+from typer.core import TyperGroup
 
-from nan_hunter.errors import NanHunterError
+from nan_hunter.errors import NanHunterError, first_line
 from nan_hunter.terminal import ColorChoice, quiet_torch_numpy_warning
 
 quiet_torch_numpy_warning()  # before anything imports torch
 
 if TYPE_CHECKING:
+    from nan_hunter.config import Settings
     from nan_hunter.findings import Report
     from nan_hunter.fixes.workflow import Applied
 
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (unknown option, bad choice, out-of-range number) as one
+    ``nan-hunter: error:`` line and exit 2, for every command: no usage boxes."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except _NO_ARGS as exc:
+            typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            code = EXIT_ERROR
+        except _clicks.ClickException as exc:
+            typer.echo(f"nan-hunter: error: {_usage_message(exc)}", err=True)
+            code = EXIT_ERROR
+        except typer.Abort:
+            code = 130
+        if standalone_mode:
+            sys.exit(code or 0)
+        return code
+
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as _clicks
+except ImportError:  # pragma: no cover - older typer on click
+    from click import exceptions as _clicks  # type: ignore[no-redef]
+_NO_ARGS: Any = getattr(_clicks, "NoArgsIsHelpError", ())
+
+
+def _usage_message(exc: Any) -> str:
+    message = " ".join(exc.format_message().split()).rstrip(".").replace("Value error, ", "")
+    message = message[:1].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "nan-hunter"
+    return f"{message} (see `{command} --help`)"
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="nan-hunter",
     help="Find where and why FP16 mixed precision breaks a PyTorch model, and get a patch.",
     no_args_is_help=True,
@@ -114,9 +154,20 @@ def _default(key: str, yes: str = "", no: str = "") -> str:
     return f"  [default: {value}, unless configured]"
 
 
-def _fail(message: str) -> typer.Exit:
+def _fail(message: str, output: str = "") -> typer.Exit:
+    """One error line; then, for a failed scan process, what the model's code printed."""
     typer.echo(f"nan-hunter: error: {message}", err=True)
+    if output:
+        typer.echo(output, err=True, nl=False)
     return typer.Exit(EXIT_ERROR)
+
+
+def _check_timeout(value: float | None) -> float | None:
+    if value is not None and not 0 < value < float("inf"):
+        raise typer.BadParameter(
+            f"{value:g} is not a positive number of seconds", param_hint="'--timeout'"
+        )
+    return value
 
 
 @app.command()
@@ -274,22 +325,29 @@ def scan(
             "that breaks.",
         ),
     ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            callback=_check_timeout,
+            help="Stop the scan process of a model file after this many seconds (exit 2). "
+            "Default: no limit.",
+        ),
+    ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback of an internal error.")
+    ] = False,
 ) -> None:
     """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
-    from nan_hunter.api import scan_file
     from nan_hunter.config import load_settings
     from nan_hunter.discovery import discover, search_start
-    from nan_hunter.findings import Failed
-    from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
-    from nan_hunter.fixes.workflow import fix_all as run_fix_all
-    from nan_hunter.loader import Names, load_target
-    from nan_hunter.report import render
-    from nan_hunter.report.combined import render_many
-    from nan_hunter.suppressions import apply_suppressions
+    from nan_hunter.isolation import run_isolated
     from nan_hunter.targets import expand_paths
     from nan_hunter.terminal import progress_display, report_width, wants_color
-    from nan_hunter.training import run_steps
 
+    debug = debug or bool(os.environ.get("NAN_HUNTER_DEBUG"))
+    # Resolved now, against the folder nan-hunter was started in: the model's code may chdir.
+    output, patch = _absolute(output), _absolute(patch)
     try:
         settings = load_settings(
             config,
@@ -309,58 +367,32 @@ def scan(
             },
             project=discover(search_start(paths)),
         )
-        names = Names(model_fn=model_fn, batch_fn=batch_fn, loss_fn=loss_fn)
         if steps is not None and (fix or fix_all):
             raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
         files = expand_paths(paths, model_fn)
         if len(files) > 1 and (diff or patch is not None):
             raise NanHunterError("--diff and --patch take one model file, not several")
+        inputs = _inputs(files, weights, batch_file, config)
+        _refuse_overwrite(output, patch, inputs)
     except NanHunterError as exc:
         raise _fail(str(exc)) from None
     except Exception as exc:  # a bug of ours: say so in one line
-        if os.environ.get("NAN_HUNTER_DEBUG"):
+        if debug:
             raise
         raise _fail(_internal(exc)) from None
 
     def scan_one(path: str) -> Report:
-        """The report of one model file, after --steps, --fix-all, verification and --fix."""
-
-        def rescan(file: Path) -> Report:
-            shown.step("verifying a fix: re-scan of a patched copy")
-            return scan_file(
-                str(file), settings, names=names, weights=weights, batch_file=batch_file
-            )
-
-        if steps is not None:
-            result = run_steps(
-                load_target(path, names, weights=weights, batch_file=batch_file), settings, steps
-            )
-            where = (
-                f"step {result.first_bad_step} broke: {result.detail}"
-                if result.first_bad_step is not None
-                else "no step broke; scanned the final weights"
-            )
-            typer.echo(f"nan-hunter: trained {result.steps_run} step(s); {where}", err=True)
-            report = apply_suppressions(result.report)
-        else:
-            report = scan_file(
-                path, settings, names=names, weights=weights, batch_file=batch_file
-            )
-        if fix_all:
-            done, report = run_fix_all(
-                Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
-                backup=backup,
-            )
-            for r in done:
-                _say_applied(r.applied, f"round {r.number}: ")
-        elif (settings.verify_fixes or fix) and steps is None:
-            report = verify_fixes(report, rescan)
-        if fix and not fix_all:
-            applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)
-            _say_applied(applied, "")
-            if any(a.fixed for a in applied):
-                report = verify_fixes(rescan(Path(report.target.file)), rescan)
+        """The report of one model file, from its own scan process (``nan_hunter.isolation``)."""
+        job = ScanJob(
+            path, settings, (model_fn, batch_fn, loss_fn), weights, batch_file, steps, fix,
+            fix_all, rounds, unsafe_fixes, backup,
+        )
+        isolated = run_isolated(_scan_job, job, timeout=timeout, debug=debug)
+        inputs.update((name, "a file the scan imported") for name in isolated.imported)
+        report: Report = isolated.value
         return report
+
+    from nan_hunter.findings import Failed
 
     reports: list[Report] = []
     failed: list[Failed] = []
@@ -370,12 +402,14 @@ def scan(
             try:
                 reports.append(scan_one(path))
             except NanHunterError as exc:
+                output_text = getattr(exc, "output", "")
                 if len(files) == 1:
-                    raise _fail(str(exc)) from None
+                    raise _fail(str(exc), output_text) from None
                 typer.echo(f"nan-hunter: error: {path}: {exc}", err=True)
+                typer.echo(output_text, err=True, nl=False)
                 failed.append(Failed(path, str(exc)))
             except Exception as exc:  # a bug of ours: say so in one line
-                if os.environ.get("NAN_HUNTER_DEBUG"):
+                if debug:
                     raise
                 message = _internal(exc)
                 if len(files) == 1:
@@ -383,6 +417,14 @@ def scan(
                 typer.echo(f"nan-hunter: error: {path}: {message}", err=True)
                 failed.append(Failed(path, message))
             shown.file_done()
+
+    from nan_hunter.report import render
+    from nan_hunter.report.combined import render_many
+
+    try:  # nothing written over a file the scan imported (the model's package, its siblings)
+        _refuse_overwrite(output, patch, inputs)
+    except NanHunterError as exc:
+        raise _fail(str(exc)) from None
 
     use_color = wants_color(ColorChoice.never if no_color else color, sys.stdout)
     width = report_width(sys.stdout)
@@ -427,10 +469,115 @@ def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> N
             typer.echo(f"nan-hunter: {prefix}not fixed: {f.code} ({why})", err=True)
 
 
-def _internal(exc: Exception) -> str:
-    return (
-        f"internal error: {type(exc).__name__}: {exc} (set NAN_HUNTER_DEBUG=1 for a traceback)"
+def _internal(exc: BaseException) -> str:
+    """One line, even for an exception whose ``__str__`` raises."""
+    try:
+        summary = f"{type(exc).__name__}: {first_line(exc)}"
+    except Exception:
+        summary = type(exc).__name__
+    return f"internal error: {summary} (use --debug for a traceback)"
+
+
+@dataclass(frozen=True)
+class ScanJob:
+    """What one model file's scan runs in its scan process (see ``nan_hunter.isolation``)."""
+
+    path: str
+    settings: Settings
+    names: tuple[str, str, str]
+    """``--model-fn``, ``--batch-fn``, ``--loss-fn``."""
+    weights: Path | None
+    batch_file: Path | None
+    steps: int | None
+    fix: bool
+    fix_all: bool
+    rounds: int
+    unsafe_fixes: bool
+    backup: bool
+
+
+def _scan_job(job: ScanJob) -> Report:
+    """The report of one model file, after --steps, --fix-all, verification and --fix: the part
+    of ``scan`` that runs the user's code."""
+    from nan_hunter.api import scan_file
+    from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
+    from nan_hunter.fixes.workflow import fix_all as run_fix_all
+    from nan_hunter.loader import Names, load_target, model_folder
+    from nan_hunter.progress import announce
+    from nan_hunter.suppressions import apply_suppressions
+    from nan_hunter.training import run_steps
+
+    path, settings, names, weights, batch_file = (
+        job.path, job.settings, Names(*job.names), job.weights, job.batch_file
     )
+    steps, fix, fix_all, rounds, unsafe_fixes, backup = (
+        job.steps, job.fix, job.fix_all, job.rounds, job.unsafe_fixes, job.backup
+    )
+
+    def rescan(file: Path) -> Report:
+        announce("verifying a fix: re-scan of a patched copy")
+        return scan_file(str(file), settings, names=names, weights=weights, batch_file=batch_file)
+
+    with model_folder(path):  # lazy sibling imports keep working for the whole run
+        if steps is not None:
+            result = run_steps(
+                load_target(path, names, weights=weights, batch_file=batch_file), settings, steps
+            )
+            where = (
+                f"step {result.first_bad_step} broke: {result.detail}"
+                if result.first_bad_step is not None
+                else "no step broke; scanned the final weights"
+            )
+            typer.echo(f"nan-hunter: trained {result.steps_run} step(s); {where}", err=True)
+            report = apply_suppressions(result.report)
+        else:
+            report = scan_file(
+                path, settings, names=names, weights=weights, batch_file=batch_file
+            )
+        if fix_all:
+            done, report = run_fix_all(
+                Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
+                backup=backup,
+            )
+            for r in done:
+                _say_applied(r.applied, f"round {r.number}: ")
+        elif (settings.verify_fixes or fix) and steps is None:
+            report = verify_fixes(report, rescan)
+        if fix and not fix_all:
+            applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)
+            _say_applied(applied, "")
+            if any(a.fixed for a in applied):
+                report = verify_fixes(rescan(Path(report.target.file)), rescan)
+    return report
+
+
+def _absolute(path: Path | None) -> Path | None:
+    return None if path is None else Path(os.path.abspath(path))
+
+
+def _inputs(
+    specs: list[str], weights: Path | None, batch_file: Path | None, config: Path | None
+) -> dict[str, str]:
+    """Real path -> what it is, for every file the scan reads that we know of before it runs."""
+    named: list[tuple[str, Path | None]] = [
+        ("the model file", Path(s)) for s in specs if s.endswith(".py") or Path(s).exists()
+    ]
+    named += [
+        ("the --weights file", weights),
+        ("the --batch-file file", batch_file),
+        ("the --config file", config),
+    ]
+    return {os.path.realpath(p): what for what, p in named if p is not None}
+
+
+def _refuse_overwrite(output: Path | None, patch: Path | None, protected: dict[str, str]) -> None:
+    for target, what in ((output, "report"), (patch, "patch")):
+        real = os.path.realpath(target) if target is not None else None
+        if real is not None and real in protected:
+            raise NanHunterError(
+                f"refusing to write the {what} to {target}: it is {protected[real]}; "
+                "choose another file"
+            )
 
 
 def _emit(text: str, output: Path | None, *, color: bool = False) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +107,10 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{origin}: '{key}' must be a list of rule codes")
-        return tuple(v.upper() for v in value)
+        codes = tuple(v.strip().upper() for v in value)
+        for code in codes:
+            _check_selector(code, key, origin)
+        return codes
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{origin}: '{key}' must be true or false, got {value!r}")
@@ -127,6 +131,31 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
     if choices and value not in choices:
         raise ConfigError(f"{origin}: '{key}' must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def known_codes() -> frozenset[str]:
+    """Every rule code, read from the rule modules' names (``rules/nh101_*.py``): no torch import,
+    so that options are checked before any model code runs (a test keeps it equal to the
+    registry)."""
+    from importlib.resources import files
+
+    folder = files("nan_hunter").joinpath("rules")
+    return frozenset(
+        match.group(1).upper()
+        for entry in folder.iterdir()
+        if (match := re.fullmatch(r"(nh\d{3})_\w+\.py", entry.name))
+    )
+
+
+def _check_selector(code: str, key: str, origin: str) -> None:
+    """A selector is a rule code or a prefix of one (``NH``, ``NH1``, ``NH101``): anything else
+    would silently select nothing (``--select NX101`` reporting a clean model)."""
+    if not any(known.startswith(code) for known in known_codes()) or not code:
+        shown = code if len(code) <= 20 else code[:20] + "..."
+        raise ConfigError(
+            f"{origin}: '{key}' has an unknown rule code {shown!r} (codes and prefixes of "
+            "`nan-hunter rules`, e.g. NH1 or NH101)"
+        )
 
 
 def _grad_scale(value: Any, origin: str) -> float | str | None:

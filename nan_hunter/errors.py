@@ -36,5 +36,8 @@ class UserCodeError(NanHunterError):
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (torch's messages run to many lines)."""
-    text = _ANSI.sub("", str(exc)).strip()
+    try:
+        text = _ANSI.sub("", str(exc)).strip()
+    except Exception:
+        return f"{type(exc).__name__} (its message cannot be shown: its __str__ raises)"
     return text.splitlines()[0] if text else type(exc).__name__

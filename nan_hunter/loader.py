@@ -17,7 +17,7 @@ import importlib.util
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from nan_hunter import activity
 from nan_hunter.errors import LoadError, UserCodeError, first_line
 from nan_hunter.runner import Batch, LossFn
 from nan_hunter.trace.source import frame_origin
@@ -59,6 +60,7 @@ def load_target(
     batch_file: Path | None = None,
 ) -> Target:
     names = names or Names()
+    started_in = Path.cwd()
     module = import_user_module(spec)
     file = Path(module.__file__ or spec).resolve()
     build = _function(module, names.model_fn, "--model-fn", required=True)
@@ -69,6 +71,8 @@ def load_target(
             f"{names.model_fn}() in {file.name} must return a torch.nn.Module, "
             f"got {type(built).__name__}"
         )
+    # Files named relative to where the scan started, even if the model's code changed folder.
+    weights, batch_file = (_from(started_in, p) for p in (weights, batch_file))
     if weights is not None:
         load_weights(built, weights)
     model, unwrapped = unwrap_model(built)
@@ -88,6 +92,12 @@ def load_target(
         module_name=module.__name__,
         unwrapped=unwrapped,
     )
+
+
+def _from(folder: Path, path: Path | None) -> Path | None:
+    if path is None or path.is_absolute() or Path.cwd() == folder:
+        return path
+    return folder / path
 
 
 def unwrap_model(model: torch.nn.Module) -> tuple[torch.nn.Module, tuple[str, ...]]:
@@ -156,12 +166,38 @@ def folder_on_path(folder: Path) -> Iterator[None]:
         sys.dont_write_bytecode = saved_bytecode
 
 
+def model_folder(spec: str) -> AbstractContextManager[None]:
+    """The folder of model file ``spec`` (the working folder for a ``pkg.module``) first on
+    ``sys.path``: for the whole scan, so that imports inside ``build_model()`` or ``forward``
+    find the model's siblings."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.exists():
+        return folder_on_path(path.resolve().parent)
+    return folder_on_path(Path.cwd())
+
+
+@contextmanager
+def own_argv(argv0: str) -> Iterator[None]:
+    """``sys.argv`` as the model file would see it when run as a script (not our arguments)."""
+    saved = sys.argv
+    sys.argv = [argv0]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def import_user_module(spec: str) -> ModuleType:
     """Import a file path (``models/net.py``) or a dotted module name (``pkg.net``)."""
     path = Path(spec)
     if spec.endswith(".py") or path.exists():
+        if path.is_dir():
+            raise LoadError(
+                f"{spec} is a folder, not a model file: name the .py file (or a pkg.module)"
+            )
         if not path.is_file():
             raise LoadError(f"model file not found: {spec}")
+        _check_source(path, spec)
         path = path.resolve()
         name = f"_nan_hunter_user_{path.stem}_{abs(hash(str(path))) & 0xFFFFFF:06x}"
         module_spec = importlib.util.spec_from_file_location(name, path)
@@ -170,13 +206,13 @@ def import_user_module(spec: str) -> ModuleType:
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         try:
-            with folder_on_path(path.parent):
-                _run_user(lambda: module_spec.loader.exec_module(module), f"importing {spec}")  # type: ignore[union-attr]
+            with folder_on_path(path.parent), own_argv(str(path)):
+                _run_user(lambda: module_spec.loader.exec_module(module), f"importing {spec}", spec)  # type: ignore[union-attr]
         except BaseException:
             sys.modules.pop(name, None)
             raise
         return module
-    with folder_on_path(Path.cwd()):
+    with folder_on_path(Path.cwd()), own_argv(spec):
         try:
             return _run_user(lambda: importlib.import_module(spec), f"importing {spec}")
         except UserCodeError as exc:
@@ -188,13 +224,13 @@ def import_user_module(spec: str) -> ModuleType:
             raise
 
 
-def _run_user(action: Callable[[], Any], what: str) -> Any:
+def _run_user(action: Callable[[], Any], what: str, file: str | None = None) -> Any:
+    activity.note(what)
     try:
         return action()
     except SyntaxError as exc:
-        raise LoadError(
-            f"syntax error in {exc.filename}:{exc.lineno}: {exc.msg}"
-        ) from exc
+        where = f"{exc.filename or file or '?'}" + (f":{exc.lineno}" if exc.lineno else "")
+        raise LoadError(f"syntax error in {where}: {exc.msg}") from exc
     except Exception as exc:
         frames = traceback.extract_tb(exc.__traceback__)
         user = next((f for f in reversed(frames) if frame_origin(f.filename) == "user"), None)
@@ -202,6 +238,17 @@ def _run_user(action: Callable[[], Any], what: str) -> Any:
         raise UserCodeError(
             f"{type(exc).__name__} while {what}: {first_line(exc)}", user_frame=where
         ) from exc
+
+
+def _check_source(path: Path, spec: str) -> None:
+    """A model file is text: a binary file gets a clear line, not a confusing syntax error."""
+    try:
+        with path.open("rb") as source:
+            head = source.read(1 << 16)
+    except OSError as exc:
+        raise LoadError(f"cannot read model file {spec}: {exc.strerror or exc}") from exc
+    if b"\0" in head:
+        raise LoadError(f"{spec} is not a Python source file (it holds binary data)")
 
 
 def _function(module: ModuleType, name: str, flag: str, *, required: bool) -> Any:

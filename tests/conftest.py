@@ -67,3 +67,12 @@ def marker_line(path: Path, marker: str) -> int:
 def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reports show paths relative to the working directory: pin it to the repo root."""
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(autouse=True)
+def _scan_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLI tests that are not about isolation run the scan in the test's process (an internal
+    switch, see ``nan_hunter.isolation``): a scan process costs a torch import per test.
+    ``tests/hostile`` runs the real scan process."""
+    if "hostile" not in request.node.path.parts:
+        monkeypatch.setenv("NAN_HUNTER_IN_PROCESS", "1")

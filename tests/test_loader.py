@@ -249,8 +249,8 @@ def test_missing_file(tmp_path: Path) -> None:
     assert str(missing) in str(info.value)
 
 
-def test_missing_directory_given_as_file(tmp_path: Path) -> None:
-    with pytest.raises(LoadError, match=r"^model file not found: "):
+def test_directory_given_as_file(tmp_path: Path) -> None:
+    with pytest.raises(LoadError, match=r" is a folder, not a model file: name the \.py file"):
         load_target(str(tmp_path))
 
 
