@@ -11,7 +11,15 @@ import torch
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
 from nan_hunter.findings import Report
-from nan_hunter.loader import Names, Target, as_batch, load_target, model_folder, unwrap_model
+from nan_hunter.loader import (
+    Names,
+    Target,
+    as_batch,
+    check_model,
+    load_target,
+    model_folder,
+    unwrap_model,
+)
 from nan_hunter.options import settings_with
 from nan_hunter.runner import LossFn
 from nan_hunter.suppressions import apply_suppressions
@@ -63,6 +71,7 @@ def scan(
         raise TypeError(f"nan_hunter.scan(): model must be a torch.nn.Module, got {type(model)}")
     if settings is None or options:
         settings = settings_with(settings, options, "nan_hunter.scan()", config_file)
+    check_model(model, "the model")
     model, unwrapped = unwrap_model(model)
     source = _source_file(model)
     target = Target(

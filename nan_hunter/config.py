@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,23 +114,29 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
         return codes
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise ConfigError(f"{origin}: '{key}' must be true or false, got {value!r}")
+            raise ConfigError(f"{origin}: '{key}' must be true or false, got {_short(value)}")
         return value
     if isinstance(default, (int, float)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{origin}: '{key}' must be a number, got {value!r}")
+            raise ConfigError(
+                f"{origin}: '{key}' must be a number, got {_short(value)}"
+            )
         if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{origin}: '{key}' must be a finite number >= 0, got {value!r}")
+            raise ConfigError(
+                f"{origin}: '{key}' must be a finite number >= 0, got {_short(value)}"
+            )
         if isinstance(default, int) and value != int(value):
-            raise ConfigError(f"{origin}: '{key}' must be a whole number, got {value!r}")
+            raise ConfigError(f"{origin}: '{key}' must be a whole number, got {_short(value)}")
         if key in _SHARES and value > 1:
-            raise ConfigError(f"{origin}: '{key}' is a share between 0 and 1, got {value!r}")
+            raise ConfigError(f"{origin}: '{key}' is a share between 0 and 1, got {_short(value)}")
         return type(default)(value)
     if not isinstance(value, str):
-        raise ConfigError(f"{origin}: '{key}' must be a string, got {value!r}")
+        raise ConfigError(f"{origin}: '{key}' must be a string, got {_short(value)}")
     choices = _CHOICES.get(key)
     if choices and value not in choices:
-        raise ConfigError(f"{origin}: '{key}' must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(
+            f"{origin}: '{key}' must be one of {', '.join(choices)}, got {_short(value)}"
+        )
     return value
 
 
@@ -177,20 +184,40 @@ def _grad_scale(value: Any, origin: str) -> float | str | None:
     if not math.isfinite(scale) or scale <= 0:
         raise ConfigError(
             f"{origin}: 'grad_scale' must be none, dynamic or a positive number (65536, 2**16), "
-            f"got {value!r}"
+            f"got {_short(value)}"
         )
     return scale
 
 
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 10_000
+"""Values in a config once YAML aliases are expanded (an alias bomb expands to billions)."""
+MAX_CONFIG_DEPTH = 32
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a folder")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {exc.start}: "
+            f"{raw[exc.start:exc.start + 1]!r})"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is nested too deeply") from None
+    _check_size(data, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -198,12 +225,43 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _check_size(data: Any, path: Path) -> None:
+    """Walk the loaded data once, counting every value as if aliases were expanded, and stop
+    early: a YAML alias bomb is refused in microseconds instead of formatted for minutes."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"config file {path} holds more than {MAX_CONFIG_VALUES} values once its YAML "
+                "aliases are expanded (an alias bomb?)"
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"config file {path} is nested more than {MAX_CONFIG_DEPTH} deep")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def _short(value: Any) -> str:
+    """A value for a message: never the whole of a huge one."""
+    return reprlib.repr(value)
+
+
 def _merge(values: dict[str, Any], sources: dict[str, str], data: Mapping[str, Any], origin: str,
            label: str) -> None:
     for key, value in data.items():
         if key not in _FIELDS:
             known = ", ".join(sorted(_FIELDS))
-            raise ConfigError(f"{origin}: unknown key '{key}' (known keys: {known})")
+            raise ConfigError(f"{origin}: unknown key {_short(key)} (known keys: {known})")
         values[key] = _coerce(key, value, origin)
         sources[key] = label
 

@@ -73,8 +73,10 @@ def load_target(
         )
     # Files named relative to where the scan started, even if the model's code changed folder.
     weights, batch_file = (_from(started_in, p) for p in (weights, batch_file))
+    check_model(built, f"the model {names.model_fn}() returned", values=weights is None)
     if weights is not None:
         load_weights(built, weights)
+        check_model(built, f"the model {names.model_fn}() returned, with --weights loaded,")
     model, unwrapped = unwrap_model(built)
     if batch_file is not None:
         raw = load_tensors(batch_file, what="batch")
@@ -137,7 +139,62 @@ def _is_module(model: torch.nn.Module, attribute: str) -> bool:
     return isinstance(model._modules.get(attribute), torch.nn.Module)
 
 
+MAX_BATCH_DEPTH = 32
+"""Containers in a batch nest at most this deep (deeper, or a list holding itself, is refused)."""
+
+
+def check_model(model: torch.nn.Module, source: str, *, values: bool = True) -> None:
+    """Models nan-hunter cannot trace get one clear line instead of a failure deep inside.
+    ``values``: also require parameters with values (not on the meta device)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise LoadError(
+            f"{source} is a TorchScript module (torch.jit.script/trace): nan-hunter traces eager "
+            "PyTorch; return the nn.Module before scripting it"
+        )
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()] if values else []:
+        if tensor.is_meta:
+            raise LoadError(
+                f"{source} is on the meta device ({name} has no values): create it on a real "
+                "device, or call model.to_empty(device='cpu') and load its weights"
+            )
+
+
+def _check_batch(raw: Any, source: str) -> None:
+    """Depth, and tensors a scan can run on: dense, with values, not all empty."""
+    tensors: list[tuple[str, torch.Tensor]] = []
+    stack: list[tuple[Any, str, int]] = [(raw, "", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_BATCH_DEPTH:
+            raise LoadError(
+                f"{source} returned a batch nested more than {MAX_BATCH_DEPTH} levels deep "
+                "(or a container that holds itself)"
+            )
+        if isinstance(item, torch.Tensor):
+            tensors.append((where, item))
+        elif isinstance(item, (tuple, list)):
+            stack.extend((x, f"{where}[{i}]", depth + 1) for i, x in enumerate(item))
+        elif isinstance(item, Mapping):
+            stack.extend((x, f"{where}[{k!r}]", depth + 1) for k, x in item.items())
+    for where, tensor in tensors:
+        at = f" at batch{where}" if where else ""
+        if tensor.layout != torch.strided:
+            raise LoadError(
+                f"{source} returned a {str(tensor.layout).removeprefix('torch.')} tensor{at}: "
+                "nan-hunter scans dense tensors; pass x.to_dense()"
+            )
+        if tensor.is_meta:
+            raise LoadError(f"{source} returned a tensor on the meta device{at}: it has no values")
+    if tensors and all(t.numel() == 0 for _, t in tensors):
+        shape = tuple(tensors[0][1].shape)
+        raise LoadError(
+            f"{source} returned only empty tensors (shape {shape}): nothing to scan; "
+            "return at least one sample"
+        )
+
+
 def as_batch(raw: Any, source: str) -> Batch:
+    _check_batch(raw, source)
     if isinstance(raw, torch.Tensor):
         return Batch(args=(raw,), kwargs={}, raw=raw)
     if isinstance(raw, (tuple, list)):

@@ -65,6 +65,15 @@ class ModelState:
         with torch.no_grad():
             self._buffers = [(b, b.data, b._version, b.detach().clone()) for b in model.buffers()]
         self._params = [(p, p.data, p._version) for p in model.parameters()]
+        self._data_versions = [data._version for _, data, _ in self._params]
+        # Which tensor each module holds under each name: forward may rebind a buffer
+        # (``self.running = 0.9 * self.running + ...``); the original object is put back.
+        self._slots = [
+            (slots, name, tensor)
+            for m in model.modules()
+            for slots in (m._buffers, m._parameters)
+            for name, tensor in slots.items()
+        ]
         self._storages = {_storage(p): p for p in model.parameters()}
         self._saved: dict[int, torch.Tensor] = {}
         self._grads = [(p, p.grad) for p in model.parameters()]
@@ -81,19 +90,26 @@ class ModelState:
 
     def restore(self) -> None:
         with torch.no_grad():
+            for slots, name, tensor in self._slots:
+                if slots.get(name) is not tensor:
+                    slots[name] = tensor
             for live, data, version, saved in self._buffers:
                 if live.data is not data:  # converted for a half-precision pass
                     live.data = data
                 if live._version != version or data._version != version:
                     data.copy_(saved)
             unrestorable = []
-            for p, data, version in self._params:
+            for (p, data, version), data_version in zip(
+                self._params, self._data_versions, strict=True
+            ):
+                # Swapped for a half-precision copy: in-place writes went to the copy.
+                swapped = p.dtype != data.dtype or p.data_ptr() != data.data_ptr()
                 if p.data is not data:
                     p.data = data
                 copy = self._saved.get(_storage(data))
                 if copy is not None:
                     data.copy_(copy)
-                elif p._version != version:
+                elif (data._version != data_version) if swapped else (p._version != version):
                     unrestorable.append(p)
         for p, grad in self._grads:
             p.grad = grad

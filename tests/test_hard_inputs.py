@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import nan_hunter
 from nan_hunter.api import scan_file
-from nan_hunter.errors import UserCodeError
+from nan_hunter.errors import LoadError, UserCodeError
 from nan_hunter.findings import Report
 from nan_hunter.loader import load_target, unwrap_model
 from tests.conftest import ROOT, marker_line
@@ -319,9 +319,9 @@ def test_integer_only_batch_and_bool_batch() -> None:
     assert _loss(nan_hunter.scan(Gate(), torch.tensor([True, False, True, True]))) == 2.25
 
 
-def test_all_empty_batch_is_a_user_code_error() -> None:
-    """Nothing to scan: a clean error (the output's only tensor has no values), no crash."""
-    with pytest.raises(UserCodeError, match="no floating-point tensor"):
+def test_all_empty_batch_is_a_load_error() -> None:
+    """Nothing to scan: a clean error naming the empty batch (not "define loss_fn"), no crash."""
+    with pytest.raises(LoadError, match=r"returned only empty tensors \(shape \(0, 4\)\)"):
         nan_hunter.scan(nn.Linear(4, 4), torch.zeros(0, 4))
 
 
