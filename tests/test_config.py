@@ -311,3 +311,19 @@ def test_grad_scale_defaults_to_gradscalers_dynamic_policy() -> None:
 def test_grad_scale_rejects_the_rest(tmp_path: Path, text: str) -> None:
     with pytest.raises(ConfigError, match="'grad_scale' must be none, dynamic or a positive"):
         load_settings(_config(tmp_path, f"grad_scale: {text}\n"))
+
+
+def test_known_codes_match_the_registry() -> None:
+    """Selectors are checked against rule-module names (no torch import): keep them in sync."""
+    from nan_hunter.config import known_codes
+    from nan_hunter.rules import all_rules
+
+    assert known_codes() == {rule.code for rule in all_rules()}
+
+
+@pytest.mark.parametrize("selector", ["NX101", "", "NH1011", "E501", "nh9999"])
+def test_unknown_selectors_are_refused(selector: str) -> None:
+    from nan_hunter.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown rule code"):
+        load_settings(None, {"select": [selector]})

@@ -1,0 +1,436 @@
+"""The hostile-input catalog: one entry per case, grouped by what it checks.
+
+Each case is a working folder (``files``), a command line, the exit code, and for exit 2 the one
+``nan-hunter: error:`` line (a regex). ``tests/hostile/test_catalog.py`` runs every case and checks
+that every file in the folder is byte-identical afterwards (mode bits too) except ``written``.
+Cases with ``child=True`` run the real scan process (a torch import each, ~2-4 s); the others run
+the same code in the test's process (``NAN_HUNTER_IN_PROCESS=1``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nan_hunter import safe_write
+from tests.conftest import EXAMPLES
+
+Setup = Callable[[Path, pytest.MonkeyPatch], None]
+Check = Callable[[Path, Any], None]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: tuple[str, ...]
+    code: int
+    error: str | None = None
+    """Regex the single ``nan-hunter: error:`` line must match (required for exit 2)."""
+    files: Mapping[str, str | bytes] = field(default_factory=dict)
+    written: frozenset[str] = frozenset()
+    """Files the user named (or --fix writes): allowed to change or appear."""
+    child: bool = False
+    alone: bool = True
+    """The error line is all of stderr (False when the model itself prints)."""
+    setup: Setup | None = None
+    check: Check | None = None
+    root: bool = False
+    """Needs root (changes a file's owner)."""
+
+
+def model(
+    forward: str = "",
+    top: str = "",
+    build: str = "",
+    batch: str = "torch.randn(2, 4)",
+    extra: str = "",
+) -> str:
+    """A small model file; each argument is code placed at that spot."""
+    return (
+        "import torch\nfrom torch import nn\n"
+        + textwrap.dedent(top)
+        + "\n\nclass Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        + textwrap.indent(textwrap.dedent(forward) or "pass", "        ")
+        + "\n        return self.fc(x)\n\n\n"
+        "def build_model():\n"
+        + textwrap.indent(textwrap.dedent(build) or "pass", "    ")
+        + "\n    return Net()\n\n\n"
+        f"def sample_batch():\n    return {batch}\n"
+        + textwrap.dedent(extra)
+    )
+
+
+CLEAN = model()
+MATRIX = (EXAMPLES / "matrix_inverse.py").read_text(encoding="utf-8")
+"""A model with an NH101 finding and a verified safe fix."""
+SCAN = ("scan", "model.py")
+
+
+# --- helpers for setup and checks -----------------------------------------------------------
+
+
+def _enospc_on(call: int) -> Setup:
+    """The disk fills while the ``call``-th file written is flushed (1: the backup)."""
+
+    def setup(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        real = os.fsync
+        calls: list[int] = []
+
+        def fsync(fd: int) -> None:
+            if not _is_file(fd):  # the folder's fsync
+                return real(fd)
+            calls.append(fd)
+            if len(calls) == call:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd)
+
+        monkeypatch.setattr(safe_write.os, "fsync", fsync)
+
+    return setup
+
+
+def _is_file(fd: int) -> bool:
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _chmod(name: str, mode: int) -> Setup:
+    def setup(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        (folder / name if name else folder).chmod(mode)
+
+    return setup
+
+
+def _chown(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    os.chown(folder / "model.py", 4321, 4321)
+    (folder / "model.py").chmod(0o640)
+
+
+def _symlink(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (folder / "link.txt").symlink_to("model.py")
+
+
+def _fixed(folder: Path, result: Any) -> None:
+    assert 'with torch.autocast(device_type="cuda", enabled=False):' in (
+        folder / "model.py"
+    ).read_text()
+
+
+def _backup_is(name: str) -> Check:
+    def check(folder: Path, result: Any) -> None:
+        _fixed(folder, result)
+        assert (folder / name).read_text() == MATRIX
+        assert "original kept as " + name in result.stderr
+
+    return check
+
+
+def _owner_and_mode_kept(folder: Path, result: Any) -> None:
+    _fixed(folder, result)
+    for name in ("model.py", "model.py.orig"):
+        info = (folder / name).stat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (4321, 4321, 0o640)
+
+
+def _one_backup(folder: Path, result: Any) -> None:
+    assert sorted(p.name for p in folder.iterdir()) == ["model.py", "model.py.orig"]
+    assert (folder / "model.py.orig").read_text() == MATRIX
+
+
+def _json_stdout(folder: Path, result: Any) -> None:
+    json.loads(result.stdout)  # nothing the model printed is mixed in
+    assert "printed by the model" in result.stderr
+
+
+def _report_here(folder: Path, result: Any) -> None:
+    assert (folder / "report.json").is_file()
+    json.loads((folder / "report.json").read_text())
+    assert not (folder / "sub" / "report.json").exists()
+
+
+def _stdout_has(text: str) -> Check:
+    def check(folder: Path, result: Any) -> None:
+        assert text in result.stdout
+
+    return check
+
+
+def _internal_bug(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nan_hunter.api
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("a bug of ours\nwith a second line")
+
+    monkeypatch.setattr(nan_hunter.api, "scan_target", broken)
+
+
+def _first_line_is_error(folder: Path, result: Any) -> None:
+    assert result.stderr.startswith("nan-hunter: error: ")
+
+
+def _alias_bomb() -> str:
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, 12):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "\n".join([*lines, "select: *l"]) + "\n"
+
+
+def _pickle_payload() -> bytes:
+    import pickle
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, ("touch pwned",))
+
+    return pickle.dumps({"w": Evil()})
+
+
+HELPER = "SCALE = 1.0\n"
+HANGS = model(build="import time\ntime.sleep(600)")
+LATIN1 = ("# -*- coding: latin-1 -*-\n# caf\xe9, na\xefve\n" + MATRIX).encode("latin-1")
+CRLF = MATRIX.replace("\n", "\r\n").encode()
+
+
+CASES: list[Case] = [
+    # --- writes: --fix, backups, -o and --patch never lose or clobber a file ----------------
+    Case("fix-backup-then-fix", (*SCAN, "--fix"), 0, files={"model.py": MATRIX},
+         written=frozenset({"model.py", "model.py.orig"}), check=_backup_is("model.py.orig")),
+    Case("fix-keeps-earlier-backup", (*SCAN, "--fix"), 0,
+         files={"model.py": MATRIX, "model.py.orig": "stub left by a full disk"},
+         written=frozenset({"model.py", "model.py.orig.1"}), check=_backup_is("model.py.orig.1")),
+    Case("fix-keeps-two-earlier-backups", (*SCAN, "--fix"), 0,
+         files={"model.py": MATRIX, "model.py.orig": "v0", "model.py.orig.1": "v1"},
+         written=frozenset({"model.py", "model.py.orig.2"}), check=_backup_is("model.py.orig.2")),
+    Case("fix-enospc-on-backup", (*SCAN, "--fix"), 2, "no space left on the device",
+         files={"model.py": MATRIX}, setup=_enospc_on(1)),
+    Case("fix-enospc-on-source", (*SCAN, "--fix"), 2, "no space left on the device",
+         files={"model.py": MATRIX}, setup=_enospc_on(2)),
+    Case("fix-no-backup-enospc", (*SCAN, "--fix", "--no-backup"), 2, "no space left",
+         files={"model.py": MATRIX}, setup=_enospc_on(1)),
+    Case("fix-read-only-file", (*SCAN, "--fix"), 2, r"model\.py: the file is read-only",
+         files={"model.py": MATRIX}, setup=_chmod("model.py", 0o444)),
+    Case("fix-read-only-folder", (*SCAN, "--fix"), 2, r"the folder .* is read-only",
+         files={"model.py": MATRIX}, setup=_chmod("", 0o555)),
+    Case("fix-keeps-owner-and-mode", (*SCAN, "--fix"), 0, files={"model.py": MATRIX},
+         written=frozenset({"model.py", "model.py.orig"}), setup=_chown,
+         check=_owner_and_mode_kept, root=True),
+    Case("fix-all-one-backup-per-run", (*SCAN, "--fix-all"), 0, files={"model.py": MATRIX},
+         written=frozenset({"model.py", "model.py.orig"}), check=_one_backup),
+    Case("fix-no-backup", (*SCAN, "--fix", "--no-backup"), 0, files={"model.py": MATRIX},
+         written=frozenset({"model.py"}), check=_fixed),
+    Case("report-over-model-file", (*SCAN, "-o", "model.py"), 2,
+         r"refusing to write the report to .*model\.py: it is the model file",
+         files={"model.py": MATRIX}),
+    Case("patch-over-model-file", (*SCAN, "--patch", "model.py"), 2,
+         r"refusing to write the patch to .*model\.py: it is the model file",
+         files={"model.py": MATRIX}),
+    Case("report-over-model-via-symlink", (*SCAN, "-o", "link.txt"), 2,
+         "it is the model file", files={"model.py": MATRIX}, setup=_symlink),
+    Case("report-over-weights", (*SCAN, "--weights", "w.pt", "-o", "w.pt"), 2,
+         "it is the --weights file", files={"model.py": CLEAN, "w.pt": b"x"}),
+    Case("report-over-batch-file", (*SCAN, "--batch-file", "b.pt", "-o", "b.pt"), 2,
+         "it is the --batch-file file", files={"model.py": CLEAN, "b.pt": b"x"}),
+    Case("report-over-config", (*SCAN, "--config", "c.yaml", "-o", "c.yaml"), 2,
+         "it is the --config file", files={"model.py": CLEAN, "c.yaml": "dtype: float16\n"}),
+    Case("report-over-imported-sibling", (*SCAN, "-o", "helper_a.py"), 2,
+         r"helper_a\.py: it is a file the scan imported",
+         files={"model.py": model(top="import helper_a"), "helper_a.py": HELPER}),
+    Case("patch-over-imported-package-file", (*SCAN, "--patch", "pkg_b/__init__.py"), 2,
+         "it is a file the scan imported",
+         files={"model.py": MATRIX.replace("import torch\n", "import torch\nimport pkg_b\n", 1),
+                "pkg_b/__init__.py": HELPER}),
+    Case("report-after-model-chdir", (*SCAN, "--format", "json", "-o", "report.json"), 0,
+         files={"model.py": model(build="import os\nos.makedirs('sub', exist_ok=True)\n"
+                                        "os.chdir('sub')")},
+         written=frozenset({"report.json"}), check=_report_here),
+    Case("report-after-model-chdir-child", (*SCAN, "--format", "json", "-o", "report.json"), 0,
+         files={"model.py": model(build="import os\nos.makedirs('sub', exist_ok=True)\n"
+                                        "os.chdir('sub')")},
+         written=frozenset({"report.json"}), check=_report_here, child=True),
+    Case("report-into-missing-folder", (*SCAN, "-o", "nowhere/report.txt"), 2,
+         r"cannot write .*nowhere/report\.txt", files={"model.py": CLEAN}),
+    Case("report-onto-a-folder", (*SCAN, "-o", "sub"), 2, "not a regular file",
+         files={"model.py": CLEAN, "sub/keep.txt": "x"}),
+    Case("report-over-read-only-file", (*SCAN, "-o", "old.txt"), 2, "the file is read-only",
+         files={"model.py": CLEAN, "old.txt": "old report"}, setup=_chmod("old.txt", 0o444)),
+    Case("report-replaces-own-old-report", (*SCAN, "-o", "report.txt"), 0,
+         files={"model.py": CLEAN, "report.txt": "old"}, written=frozenset({"report.txt"})),
+    Case("patch-written-where-asked", (*SCAN, "--patch", "fix.diff"), 1,
+         files={"model.py": MATRIX}, written=frozenset({"fix.diff"})),
+    # --- the scan process: the model cannot end, hang or corrupt the tool's run --------------
+    Case("sys-exit-0-in-forward", SCAN, 2,
+         r"called sys\.exit\(0\) while running Net\.forward; nothing was scanned",
+         files={"model.py": model(forward="import sys\nsys.exit(0)")}, child=True),
+    Case("sys-exit-3-at-import", SCAN, 2, r"called sys\.exit\(3\) while importing model\.py",
+         files={"model.py": model(top="import sys\nsys.exit(3)")}, child=True),
+    Case("sys-exit-text-in-build", SCAN, 2,
+         r"called sys\.exit\('bye'\) while calling build_model\(\)",
+         files={"model.py": model(build="raise SystemExit('bye')")}, child=True),
+    Case("os-exit-0-in-forward", SCAN, 2,
+         r"exited with status 0 before reporting .* while running Net\.forward",
+         files={"model.py": model(forward="import os\nos._exit(0)")}, child=True),
+    Case("segfault-in-forward", SCAN, 2, r"crashed \(SIGSEGV.* while running Net\.forward",
+         files={"model.py": model(forward="import ctypes\nctypes.string_at(0)")}, child=True),
+    Case("killed-like-oom-in-submodule", SCAN, 2,
+         r"was killed \(SIGKILL: out of memory.* while running the forward of fc \(Linear\)",
+         files={"model.py": model(
+             top="import os, signal\n",
+             extra="\n\ndef _die(module, args):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+             build="pass").replace("    return Net()", "    net = Net()\n"
+                                   "    net.fc.register_forward_pre_hook(_die)\n    return net")},
+         child=True),
+    Case("hang-with-timeout", (*SCAN, "--timeout", "8"), 2,
+         r"did not finish within 8 s \(--timeout\) and was stopped",
+         files={"model.py": HANGS}, child=True),
+    Case("prints-do-not-corrupt-json", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(forward="print('printed by the model')",
+                                  top="print('printed by the model at import')")},
+         child=True, check=_json_stdout),
+    Case("fd-level-writes-do-not-corrupt-sarif", (*SCAN, "--format", "sarif"), 0,
+         files={"model.py": model(forward="import os\nos.write(1, b'printed by the model\\n')")},
+         child=True, check=_json_stdout),
+    Case("model-argparse-sees-its-own-argv", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="import argparse\np = argparse.ArgumentParser()\n"
+                                       "p.add_argument('--lr', type=float)\n"
+                                       "ARGS = p.parse_args()\n"
+                                       "assert ARGS.lr is None\n")},
+         child=True),
+    Case("model-reads-stdin", SCAN, 2, r"EOFError while calling build_model\(\)",
+         files={"model.py": model(build="input('size? ')")}, child=True, alone=False,
+         check=_first_line_is_error),
+    Case("warnings-come-after-the-error-line", (*SCAN, "--batch-file", "absent.pt"), 2,
+         "batch file not found", files={"model.py": model(
+             build="import warnings\nwarnings.warn('a torch-like UserWarning')")},
+         child=True, alone=False, check=_first_line_is_error),
+    Case("unprintable-exception-in-forward", SCAN, 2, r"its __str__ raises",
+         files={"model.py": model(forward="raise Bad()", top="class Bad(Exception):\n"
+                                  "    def __str__(self):\n        raise RuntimeError('no')\n")},
+         child=True),
+    Case("internal-error-is-one-line", SCAN, 2,
+         r"internal error: ValueError: a bug of ours \(use --debug for a traceback\)$",
+         files={"model.py": CLEAN}, setup=_internal_bug),
+    # --- options: one line, exit 2, before any model code runs -------------------------------
+    Case("select-unknown-code", (*SCAN, "--select", "NX101"), 2,
+         r"command line: 'select' has an unknown rule code 'NX101'", files={"model.py": MATRIX}),
+    Case("ignore-unknown-code", (*SCAN, "--ignore", "E501"), 2,
+         "'ignore' has an unknown rule code 'E501'", files={"model.py": MATRIX}),
+    Case("select-empty-code", (*SCAN, "--select", ""), 2, "unknown rule code ''",
+         files={"model.py": MATRIX}),
+    Case("select-too-long-code", (*SCAN, "--select", "NH1011"), 2,
+         "unknown rule code 'NH1011'", files={"model.py": MATRIX}),
+    Case("select-lowercase-prefix-works", (*SCAN, "--select", "nh1"), 1,
+         files={"model.py": MATRIX}, check=_stdout_has("error[NH101]")),
+    Case("fail-on-unknown", (*SCAN, "--fail-on", "fatal"), 2, r"invalid value for '--fail-on'",
+         files={"model.py": CLEAN}),
+    Case("format-xml", (*SCAN, "--format", "xml"), 2, r"invalid value for '--format': 'xml'",
+         files={"model.py": CLEAN}),
+    Case("steps-0", (*SCAN, "--steps", "0"), 2, r"invalid value for '--steps'",
+         files={"model.py": CLEAN}),
+    Case("rounds-0", (*SCAN, "--fix-all", "--rounds", "0"), 2, r"invalid value for '--rounds'",
+         files={"model.py": CLEAN}),
+    Case("timeout-negative", (*SCAN, "--timeout", "-1"), 2,
+         r"'--timeout': -1 is not a positive number of seconds", files={"model.py": CLEAN}),
+    Case("timeout-zero", (*SCAN, "--timeout", "0"), 2, "not a positive number of seconds",
+         files={"model.py": CLEAN}),
+    Case("timeout-not-a-number", (*SCAN, "--timeout", "soon"), 2,
+         r"invalid value for '--timeout'", files={"model.py": CLEAN}),
+    Case("dtype-float8", (*SCAN, "--dtype", "float8"), 2, r"invalid value for '--dtype'",
+         files={"model.py": CLEAN}),
+    Case("unknown-option", (*SCAN, "--fix-al"), 2, r"no such option: --fix-al",
+         files={"model.py": CLEAN}),
+    Case("missing-model-argument", ("scan",), 2, r"missing argument 'path'"),
+    Case("explain-without-code", ("explain",), 2, r"missing argument 'code'"),
+    Case("grad-scale-negative", (*SCAN, "--grad-scale", "-5"), 2,
+         "'grad_scale' must be none or a positive number", files={"model.py": CLEAN}),
+    Case("lr-nan", (*SCAN, "--lr", "nan"), 2, "'lr' must be a finite number",
+         files={"model.py": CLEAN}),
+    Case("steps-with-fix", (*SCAN, "--steps", "2", "--fix"), 2,
+         "--steps cannot be combined with --fix", files={"model.py": CLEAN}),
+    # --- configs: bounded, one line, never the whole value -----------------------------------
+    Case("config-alias-bomb", (*SCAN, "--config", "c.yaml"), 2,
+         r"holds more than 10000 values once its YAML aliases are expanded",
+         files={"model.py": CLEAN, "c.yaml": _alias_bomb()}),
+    Case("config-not-utf8", (*SCAN, "--config", "c.yaml"), 2, r"is not UTF-8 text",
+         files={"model.py": CLEAN, "c.yaml": b"dtype: caf\xe9\n"}),
+    Case("config-deeply-nested", (*SCAN, "--config", "c.yaml"), 2, r"nested too deeply",
+         files={"model.py": CLEAN, "c.yaml": "select: " + "[" * 5000 + "]" * 5000 + "\n"}),
+    Case("config-nested-40", (*SCAN, "--config", "c.yaml"), 2, r"nested more than 32 deep",
+         files={"model.py": CLEAN, "c.yaml": "select: " + "[" * 40 + "]" * 40 + "\n"}),
+    Case("config-unknown-selector", (*SCAN, "--config", "c.yaml"), 2,
+         r"c\.yaml: 'ignore' has an unknown rule code 'NX5'",
+         files={"model.py": MATRIX, "c.yaml": "ignore: [NX5]\n"}),
+    Case("config-python-tag", (*SCAN, "--config", "c.yaml"), 2, "is not valid YAML",
+         files={"model.py": CLEAN, "c.yaml": "dtype: !!python/object/apply:os.system [ls]\n"}),
+    Case("config-is-a-list", (*SCAN, "--config", "c.yaml"), 2, "must hold a mapping",
+         files={"model.py": CLEAN, "c.yaml": "- dtype\n"}),
+    Case("config-huge-wrong-value-is-shortened", (*SCAN, "--config", "c.yaml"), 2,
+         r"'dtype' must be a string, got \[0, 1, 2, 3, 4, 5, \.\.\.\]$",
+         files={"model.py": CLEAN, "c.yaml": f"dtype: {list(range(5000))}\n"}),
+    Case("config-missing", (*SCAN, "--config", "absent.yaml"), 2,
+         "cannot read config file absent.yaml", files={"model.py": CLEAN}),
+    Case("config-is-a-folder", (*SCAN, "--config", "sub"), 2, "config file sub is a folder",
+         files={"model.py": CLEAN, "sub/x": "x"}),
+    # --- model files, batches and weights: one accurate line each ----------------------------
+    Case("binary-model-file", SCAN, 2, r"model\.py is not a Python source file",
+         files={"model.py": b"\x7fELF\x00\x01\x02"}),
+    Case("folder-as-model-file", ("scan", "models"), 2,
+         r"models is a folder, not a model file", files={"models/net.py": CLEAN}),
+    Case("missing-model-file", ("scan", "absent.py"), 2, "model file not found: absent.py"),
+    Case("syntax-error", SCAN, 2, r"syntax error in .*model\.py:1",
+         files={"model.py": "def broken(:\n"}),
+    Case("undecodable-source", SCAN, 2, r"syntax error in .*model\.py",
+         files={"model.py": b"x = '\xff\xfe'\n"}),
+    Case("torchscript-model", SCAN, 2, r"is a TorchScript module",
+         files={"model.py": model(build="return torch.jit.script(Net())")}),
+    Case("meta-device-model", SCAN, 2, r"is on the meta device \(fc\.weight has no values\)",
+         files={"model.py": model(build="return Net().to('meta')")}),
+    Case("sparse-batch", SCAN, 2, r"returned a sparse_coo tensor: nan-hunter scans dense",
+         files={"model.py": model(batch="torch.randn(2, 4).to_sparse()")}),
+    Case("empty-batch", SCAN, 2, r"returned only empty tensors \(shape \(0, 4\)\)",
+         files={"model.py": model(batch="torch.randn(0, 4)")}),
+    Case("deeply-nested-batch", SCAN, 2, r"batch nested more than 32 levels deep",
+         files={"model.py": model(batch="_deep()", extra="\n\ndef _deep():\n"
+                                  "    x = torch.randn(2, 4)\n    for _ in range(5000):\n"
+                                  "        x = [x]\n    return (x,)\n")}),
+    Case("batch-holding-itself", SCAN, 2, r"or a container that holds itself",
+         files={"model.py": model(batch="_loop()", extra="\n\ndef _loop():\n"
+                                  "    x = [torch.randn(2, 4)]\n    x.append(x)\n"
+                                  "    return x\n")}),
+    Case("meta-batch", SCAN, 2, r"returned a tensor on the meta device at batch\[0\]",
+         files={"model.py": model(batch="(torch.empty(2, 4, device='meta'),)")}),
+    Case("unprintable-exception-in-build", SCAN, 2,
+         r"Bad while calling build_model\(\): Bad \(its message cannot be shown",
+         files={"model.py": model(build="raise Bad()", top="class Bad(Exception):\n"
+                                  "    def __str__(self):\n        raise RuntimeError('no')\n")}),
+    Case("build-returns-not-a-module", SCAN, 2, r"must return a torch\.nn\.Module, got int",
+         files={"model.py": "def build_model():\n    return 3\n"}),
+    Case("batch-is-a-string", SCAN, 2, "must return a Tensor, a tuple of Tensors or a dict",
+         files={"model.py": model(batch="'text'")}),
+    Case("weights-pickle-payload", (*SCAN, "--weights", "w.pt"), 2, r"weights_only=True",
+         files={"model.py": CLEAN, "w.pt": _pickle_payload()}),
+    Case("weights-garbage", (*SCAN, "--weights", "w.pt"), 2, "cannot load weights file",
+         files={"model.py": CLEAN, "w.pt": b"not a checkpoint"}),
+    Case("latin1-source-keeps-the-report", SCAN, 1, files={"model.py": LATIN1},
+         check=_stdout_has("error[NH101]")),
+    Case("crlf-source-keeps-the-report", SCAN, 1, files={"model.py": CRLF},
+         check=_stdout_has("error[NH101]")),
+    Case("lazy-sibling-import-in-build", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(build="import helper_c\nassert helper_c.SCALE == 1.0"),
+                "helper_c.py": HELPER}),
+    Case("lazy-sibling-import-in-forward", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(forward="import helper_d\nx = x * helper_d.SCALE"),
+                "helper_d.py": HELPER}),
+]
