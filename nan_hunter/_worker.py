@@ -12,6 +12,7 @@ the parent reads as the model's output; only framed pickles go to the result pip
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import struct
@@ -72,8 +73,9 @@ def main() -> None:
     except Exception as exc:
         send(channel, ("internal", f"cannot send the result back: {_summary(exc)}", ""))
     channel.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # the model may have replaced or closed them
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(0)  # skip interpreter teardown (atexit handlers of the user's code ran their course)
 
 

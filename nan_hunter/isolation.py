@@ -18,6 +18,7 @@ process).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -147,6 +148,7 @@ class _Child:
         except BaseException:  # Ctrl-C: stop the scan process too
             _kill(proc)
             raise
+        _kill_leftovers(proc)  # what the model started and left running (it holds our pipes)
         for reader in readers:
             reader.join(timeout=5)
         return self._outcome(proc.returncode)
@@ -237,6 +239,13 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         proc.kill()
     proc.wait()
+
+
+def _kill_leftovers(proc: subprocess.Popen[bytes]) -> None:
+    """Processes the model started in the scan process's session and left behind. The session's
+    id cannot be reused while any of them lives, so this reaches nothing else."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _signal_text(number: int) -> str:

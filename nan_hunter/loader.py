@@ -329,6 +329,8 @@ def _call_user(func: Callable[[], Any], name: str) -> Any:
 
 def load_tensors(path: Path, *, what: str) -> Any:
     """A tensor, a state_dict or a nest of tensors, loaded without running pickled code."""
+    if path.is_dir():
+        raise LoadError(f"{what} file {path} is a folder")
     if not path.is_file():
         raise LoadError(f"{what} file not found: {path}")
     if path.suffix == ".safetensors":

@@ -33,7 +33,12 @@ def write_file(path: Path, data: str | bytes, *, encoding: str = "utf-8") -> Non
     """Replace (or create) ``path`` with ``data`` atomically and durably."""
     payload = data.encode(encoding) if isinstance(data, str) else data
     path = Path(path)
+    if path.is_symlink():  # write the file the link points to; the link stays a link
+        path = Path(os.path.realpath(path))
     existing = _stat_or_none(path)
+    if existing is not None and (stat.S_ISCHR(existing.st_mode) or stat.S_ISFIFO(existing.st_mode)):
+        _write_stream(path, payload)  # /dev/stdout, /dev/null, a named pipe: no file to replace
+        return
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         raise WriteError(f"cannot write {path}: not a regular file")
     if existing is not None and _read_only(path, existing):
@@ -112,6 +117,14 @@ def _link_to_free_name(temp: Path, path: Path) -> Path:
         f"cannot back up {path}: {path.name}.orig and {MAX_BACKUPS - 1} numbered backups "
         "exist already; remove old ones or use --no-backup"
     )
+
+
+def _write_stream(path: Path, payload: bytes) -> None:
+    try:
+        with open(path, "wb") as out:
+            out.write(payload)
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {_why(exc)}") from exc
 
 
 def _write_temp(path: Path, payload: bytes, *, like: os.stat_result | None) -> Path:

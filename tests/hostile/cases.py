@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import textwrap
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,42 @@ def _internal_bug(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         raise ValueError("a bug of ours\nwith a second line")
 
     monkeypatch.setattr(nan_hunter.api, "scan_target", broken)
+
+
+def _valid_json(folder: Path, result: Any) -> None:
+    json.loads(result.stdout)
+
+
+def gone(pid: int) -> bool:
+    """``pid`` has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" in status.read_text()
+
+
+def _sleeper_stopped(folder: Path, result: Any) -> None:
+    json.loads(result.stdout)
+    pid = int((folder / "sleeper.pid").read_text())
+    deadline = time.monotonic() + 10
+    while not gone(pid):
+        assert time.monotonic() < deadline, "a process the model started outlived the scan"
+        time.sleep(0.1)
+
+
+def _dev_null_intact(folder: Path, result: Any) -> None:
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def _report_link(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (folder / "link.txt").symlink_to("reports/r.txt")
+
+
+def _link_kept(folder: Path, result: Any) -> None:
+    assert (folder / "link.txt").is_symlink()
+    assert "clean:" in (folder / "reports" / "r.txt").read_text()
 
 
 def _first_line_is_error(folder: Path, result: Any) -> None:
@@ -430,6 +467,37 @@ CASES: list[Case] = [
     Case("lazy-sibling-import-in-build", (*SCAN, "--format", "json"), 0,
          files={"model.py": model(build="import helper_c\nassert helper_c.SCALE == 1.0"),
                 "helper_c.py": HELPER}),
+    Case("model-replaces-sys-stdout", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="import sys\nsys.stdout = None\n")}, child=True,
+         check=_valid_json),
+    Case("model-closes-fd-1-and-2", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="import os\nos.close(1)\nos.close(2)\n")}, child=True,
+         check=_valid_json),
+    Case("background-process-left-running", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="import subprocess\n"
+                                       "P = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
+                                       "open('sleeper.pid', 'w').write(str(P.pid))\n")},
+         child=True, written=frozenset({"sleeper.pid"}), check=_sleeper_stopped),
+    Case("infinite-recursion-in-forward", SCAN, 2,
+         r"RecursionError while running the model's forward|RecursionError",
+         files={"model.py": model(forward="return self.forward(x)")}),
+    Case("memory-error-in-build", SCAN, 2, r"MemoryError while calling build_model\(\)",
+         files={"model.py": model(build="raise MemoryError()")}),
+    Case("batch-fn-missing", (*SCAN, "--batch-fn", "nope"), 2,
+         r"model\.py defines no nope\(\); define it or name another function with --batch-fn",
+         files={"model.py": CLEAN}),
+    Case("model-fn-not-callable", (*SCAN, "--model-fn", "SIZE"), 2,
+         r"SIZE in model\.py is a int, not a function",
+         files={"model.py": CLEAN + "SIZE = 3\n"}),
+    Case("unicode-and-spaces-in-names", ("scan", "my modèle ü.py", "-o", "rapport é.txt"), 0,
+         files={"my modèle ü.py": CLEAN}, written=frozenset({"rapport é.txt"})),
+    Case("report-to-dev-null", (*SCAN, "-o", "/dev/null"), 0, files={"model.py": CLEAN},
+         check=_dev_null_intact),
+    Case("report-through-symlink-updates-its-target", (*SCAN, "-o", "link.txt"), 0,
+         files={"model.py": CLEAN, "reports/r.txt": "old"}, setup=_report_link,
+         written=frozenset({"reports/r.txt"}), check=_link_kept),
+    Case("weights-is-a-folder", (*SCAN, "--weights", "sub"), 2, "weights file sub is a folder",
+         files={"model.py": CLEAN, "sub/x": "x"}),
     Case("lazy-sibling-import-in-forward", (*SCAN, "--format", "json"), 0,
          files={"model.py": model(forward="import helper_d\nx = x * helper_d.SCALE"),
                 "helper_d.py": HELPER}),

@@ -10,19 +10,9 @@ import time
 from pathlib import Path
 
 from nan_hunter.isolation import IN_PROCESS_ENV
-from tests.hostile.cases import model
+from tests.hostile.cases import gone, model
 
 HANG = model(build="import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(600)")
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie not yet reaped by its parent counts as gone
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "zombie" in status.read_text()
 
 
 def test_ctrl_c_exits_130_and_stops_the_scan_process(work: Path) -> None:
@@ -45,6 +35,6 @@ def test_ctrl_c_exits_130_and_stops_the_scan_process(work: Path) -> None:
     assert cli.returncode == 130, err
     assert b"Traceback" not in err
     deadline = time.monotonic() + 10
-    while not _gone(scan_pid):
+    while not gone(scan_pid):
         assert time.monotonic() < deadline, "the scan process outlived the CLI"
         time.sleep(0.1)
