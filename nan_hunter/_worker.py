@@ -1,10 +1,10 @@
 """The scan process: runs one job for ``nan_hunter.isolation`` and reports back over a pipe.
 
-Started as ``python -c ...`` with the result pipe's file descriptor as its argument and the job,
-pickled, on stdin. Everything the user's code prints (stdout and stderr alike) goes to the pipe
-the parent reads as the model's output; only framed pickles go to the result pipe:
+Started as ``python -c ...`` with the result pipe's and the note board's file descriptors and the
+parent's pid as arguments, and the job, pickled, on stdin. Everything the user's code prints
+(stdout and stderr alike) goes to the pipe the parent reads as the model's output; what runs now
+goes to the note board (``NoteBoard``); one framed pickle goes to the result pipe at the end:
 
-- ``("note", text)``: what runs now (a stage, or the module whose forward was entered);
 - ``("done", value, imported_files)``; ``("error", message)`` for a ``NanHunterError``;
 - ``("exit", code, note)`` when the user's code raised ``SystemExit``;
 - ``("internal", summary, traceback_text)`` for anything else (a bug of ours, or of torch).
@@ -13,8 +13,10 @@ the parent reads as the model's output; only framed pickles go to the result pip
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import pickle
+import signal
 import struct
 import sys
 import traceback
@@ -37,18 +39,56 @@ def imported_files() -> tuple[str, ...]:
     return tuple(sorted(files))
 
 
+NOTE_BYTES = 4096
+"""Size of the shared note board: a 4-byte length, then the note in UTF-8."""
+
+
+class NoteBoard:
+    """What runs now, in memory shared with the parent (a file both map): a note costs a memory
+    copy, not a pipe write, so it can be updated on every module call; the parent reads the last
+    one when the process died without a word."""
+
+    def __init__(self, fd: int) -> None:
+        self.map = mmap.mmap(fd, NOTE_BYTES)
+        self.last = ""
+
+    def __call__(self, what: str) -> None:
+        if what is self.last:
+            return
+        self.last = what
+        data = what.encode("utf-8", "replace")[: NOTE_BYTES - 4]
+        self.map[4 : 4 + len(data)] = data
+        self.map[0:4] = struct.pack("<I", len(data))
+
+
+def read_note(fd: int) -> str:
+    raw = os.pread(fd, NOTE_BYTES, 0)
+    if len(raw) < 4:
+        return ""
+    (size,) = struct.unpack("<I", raw[:4])
+    return raw[4 : 4 + min(size, NOTE_BYTES - 4)].decode("utf-8", "replace")
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this process when the CLI dies (SIGTERM/SIGKILL from CI), though
+    it runs in a session of its own."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before that
+        os._exit(1)
+
+
 def main() -> None:
+    _die_with_parent(int(sys.argv[3]))
     channel = os.fdopen(int(sys.argv[1]), "wb")
+    note = NoteBoard(int(sys.argv[2]))
     func, arg = pickle.load(sys.stdin.buffer)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the model's code reading stdin gets end-of-file, not our pipe
     os.close(devnull)
-    last = [""]
-
-    def note(what: str) -> None:
-        if what != last[0]:
-            last[0] = what
-            send(channel, ("note", what))
 
     from nan_hunter import activity
 
@@ -62,7 +102,7 @@ def main() -> None:
     except NanHunterError as exc:
         message = ("error", str(exc))
     except SystemExit as exc:
-        message = ("exit", exc.code, last[0])
+        message = ("exit", exc.code, note.last)
     except KeyboardInterrupt:
         message = ("interrupted",)
     except BaseException as exc:
@@ -92,15 +132,16 @@ def _watch_modules(note: Any) -> None:
     are untouched). Names come from the first module entered that is not known yet: the root."""
     import torch
 
-    names: dict[int, str] = {}
+    notes: dict[int, str] = {}
 
     def entered(module: torch.nn.Module, args: Any) -> None:
-        key = id(module)
-        if key not in names:
+        text = notes.get(id(module))
+        if text is None:
             for name, sub in module.named_modules(remove_duplicate=False):
-                names.setdefault(id(sub), name)
-        name = names.get(key) or ""
-        kind = type(module).__name__
-        note(f"running the forward of {name} ({kind})" if name else f"running {kind}.forward")
+                kind = type(sub).__name__
+                where = f"the forward of {name} ({kind})" if name else f"{kind}.forward"
+                notes.setdefault(id(sub), f"running {where}")
+            text = notes[id(module)]
+        note(text)
 
     torch.nn.modules.module.register_module_forward_pre_hook(entered)

@@ -25,11 +25,14 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
+from nan_hunter._worker import NOTE_BYTES, read_note
 from nan_hunter.errors import NanHunterError
 
 IN_PROCESS_ENV = "NAN_HUNTER_IN_PROCESS"
@@ -39,9 +42,14 @@ _FAILURE_OUTPUT_LINES = 40
 _BOOT = (
     "import sys\n"
     "if sys.path and sys.path[0] in ('', '.'): del sys.path[0]\n"  # not the user's cwd first
-    "from nan_hunter._worker import main\n"
+    "try:\n"
+    "    from nan_hunter._worker import main\n"
+    "except ImportError:\n"  # nan-hunter run from a source folder, not installed
+    "    sys.path.append(sys.argv[4])\n"
+    "    from nan_hunter._worker import main\n"
     "main()\n"
 )
+_HOME = str(Path(__file__).resolve().parents[1])
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -98,21 +106,32 @@ class _Child:
         self.out = out
         self.output = bytearray()
         self.dropped = 0
-        self.note = ""
+        self.board = -1
         self.final: tuple[Any, ...] | None = None
 
     def run(self, timeout: float | None) -> Isolated:
+        with tempfile.TemporaryFile(prefix="nan-hunter-note-") as board:
+            os.ftruncate(board.fileno(), NOTE_BYTES)
+            self.board = board.fileno()
+            return self._run(timeout)
+
+    @property
+    def note(self) -> str:
+        return read_note(self.board)
+
+    def _run(self, timeout: float | None) -> Isolated:
         read_fd, write_fd = os.pipe()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.debug:
             env["NAN_HUNTER_DEBUG"] = "1"
+        args = [str(write_fd), str(self.board), str(os.getpid()), _HOME]
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(write_fd)],
+                [sys.executable, "-c", _BOOT, *args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, self.board),
                 env=env,
                 start_new_session=True,
             )
@@ -207,10 +226,7 @@ class _Child:
                     message = pickle.loads(data)
                 except Exception as exc:
                     message = ("internal", f"cannot read the scan's result: {exc}", "")
-                if message[0] == "note":
-                    self.note = message[1]
-                else:
-                    self.final = message
+                self.final = message
 
     def _text(self) -> str:
         return bytes(self.output).decode("utf-8", errors="replace")
