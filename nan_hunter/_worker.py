@@ -39,34 +39,60 @@ def imported_files() -> tuple[str, ...]:
     return tuple(sorted(files))
 
 
-NOTE_BYTES = 4096
-"""Size of the shared note board: a 4-byte length, then the note in UTF-8."""
+SLOT_BYTES = 2048
+NOTE_BYTES = 2 * SLOT_BYTES
+"""The shared note board: two slots (the stage, then the module), each a 4-byte length and UTF-8."""
 
 
 class NoteBoard:
     """What runs now, in memory shared with the parent (a file both map): a note costs a memory
-    copy, not a pipe write, so it can be updated on every module call; the parent reads the last
-    one when the process died without a word."""
+    copy, not a pipe write, so the module slot can be updated on every module call. The stage
+    slot holds what ``nan_hunter.progress.announce`` said last (``importing model.py``, ``FP32
+    reference pass``); the parent shows it as progress, and both when the process dies."""
 
     def __init__(self, fd: int) -> None:
         self.map = mmap.mmap(fd, NOTE_BYTES)
-        self.last = ""
+        self.last_stage = ""
+        self.last_module = ""
 
-    def __call__(self, what: str) -> None:
-        if what is self.last:
+    def stage(self, what: str) -> None:
+        self.last_stage = what
+        self._put(0, what)
+        self.module("")  # no module has been entered in the new stage yet
+
+    def module(self, what: str) -> None:
+        if what is self.last_module:
             return
-        self.last = what
-        data = what.encode("utf-8", "replace")[: NOTE_BYTES - 4]
-        self.map[4 : 4 + len(data)] = data
-        self.map[0:4] = struct.pack("<I", len(data))
+        self.last_module = what
+        self._put(SLOT_BYTES, what)
+
+    def describe(self) -> str:
+        return describe(self.last_stage, self.last_module)
+
+    def _put(self, at: int, what: str) -> None:
+        data = what.encode("utf-8", "replace")[: SLOT_BYTES - 4]
+        self.map[at + 4 : at + 4 + len(data)] = data
+        self.map[at : at + 4] = struct.pack("<I", len(data))
 
 
-def read_note(fd: int) -> str:
+def read_notes(fd: int) -> tuple[str, str]:
+    """(stage, module) from the board file ``fd``."""
     raw = os.pread(fd, NOTE_BYTES, 0)
-    if len(raw) < 4:
+    return _slot(raw, 0), _slot(raw, SLOT_BYTES)
+
+
+def _slot(raw: bytes, at: int) -> str:
+    if len(raw) < at + 4:
         return ""
-    (size,) = struct.unpack("<I", raw[:4])
-    return raw[4 : 4 + min(size, NOTE_BYTES - 4)].decode("utf-8", "replace")
+    (size,) = struct.unpack("<I", raw[at : at + 4])
+    return raw[at + 4 : at + 4 + min(size, SLOT_BYTES - 4)].decode("utf-8", "replace")
+
+
+def describe(stage: str, module: str) -> str:
+    """``running the forward of fc (Linear) (FP32 reference pass)``, or what is known of it."""
+    if module and stage:
+        return f"{module} ({stage})"
+    return module or stage
 
 
 def _die_with_parent(parent: int) -> None:
@@ -84,25 +110,26 @@ def _die_with_parent(parent: int) -> None:
 def main() -> None:
     _die_with_parent(int(sys.argv[3]))
     channel = os.fdopen(int(sys.argv[1]), "wb")
-    note = NoteBoard(int(sys.argv[2]))
+    board = NoteBoard(int(sys.argv[2]))
     func, arg = pickle.load(sys.stdin.buffer)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the model's code reading stdin gets end-of-file, not our pipe
     os.close(devnull)
 
     from nan_hunter import activity
-
-    activity.listen(note)
-    _watch_modules(note)
     from nan_hunter.errors import NanHunterError
+    from nan_hunter.progress import listening
 
+    _watch_modules(board.module)
+    activity.listen(board.stage)
     try:
-        value = func(arg)
+        with listening(board.stage):
+            value = func(arg)
         message: tuple[Any, ...] = ("done", value, imported_files())
     except NanHunterError as exc:
         message = ("error", str(exc))
     except SystemExit as exc:
-        message = ("exit", exc.code, note.last)
+        message = ("exit", exc.code, board.describe())
     except KeyboardInterrupt:
         message = ("interrupted",)
     except BaseException as exc:

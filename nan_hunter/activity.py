@@ -1,8 +1,8 @@
-"""What nan-hunter is doing with the user's code right now, for whoever needs to know.
-
-The scan process (``nan_hunter.isolation``) listens, so that when the user's code ends the process
-(``os._exit``, a segfault, an out-of-memory kill, a hang) the CLI can say what was running. Without
-a listener ``note`` does nothing.
+"""Which of the user's code nan-hunter is calling right now (importing the file, ``build_model()``,
+``sample_batch()``), for the scan process (``nan_hunter.isolation``): when the user's code ends the
+process (``os._exit``, a segfault, an out-of-memory kill, a hang) the CLI can say what was running.
+Without a listener ``note`` does nothing. (``nan_hunter.progress`` announces the scan's own passes
+to the progress display; the scan process listens to both.)
 """
 
 from __future__ import annotations

@@ -387,7 +387,7 @@ def scan(
             path, settings, (model_fn, batch_fn, loss_fn), weights, batch_file, steps, fix,
             fix_all, rounds, unsafe_fixes, backup,
         )
-        isolated = run_isolated(_scan_job, job, timeout=timeout, debug=debug)
+        isolated = run_isolated(_scan_job, job, timeout=timeout, debug=debug, on_step=shown.step)
         inputs.update((name, "a file the scan imported") for name in isolated.imported)
         report: Report = isolated.value
         return report

@@ -27,13 +27,15 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from nan_hunter._worker import NOTE_BYTES, read_note
+from nan_hunter._worker import NOTE_BYTES, describe, read_notes
 from nan_hunter.errors import NanHunterError
+from nan_hunter.progress import listening
 
 IN_PROCESS_ENV = "NAN_HUNTER_IN_PROCESS"
 OUTPUT_LIMIT = 1 << 20
@@ -75,13 +77,20 @@ def in_process() -> bool:
 
 
 def run_isolated(
-    func: Callable[[A], T], arg: A, *, timeout: float | None = None, debug: bool = False
+    func: Callable[[A], T],
+    arg: A,
+    *,
+    timeout: float | None = None,
+    debug: bool = False,
+    on_step: Callable[[str], None] | None = None,
 ) -> Isolated:
     """``func(arg)`` in a scan process (or in this one, see ``IN_PROCESS_ENV``). With ``debug``
-    an internal error's traceback is shown."""
+    an internal error's traceback is shown. ``on_step`` hears what ``progress.announce`` says in
+    the scan process (a few times a second at most)."""
     if in_process():
-        return _run_here(func, arg)
-    return _Child(func, arg, sys.stderr, debug).run(timeout)
+        with listening(on_step) if on_step is not None else contextlib.nullcontext():
+            return _run_here(func, arg)
+    return _Child(func, arg, sys.stderr, debug, on_step).run(timeout)
 
 
 def _run_here(func: Callable[[A], T], arg: A) -> Isolated:
@@ -100,8 +109,16 @@ def _run_here(func: Callable[[A], T], arg: A) -> Isolated:
 
 
 class _Child:
-    def __init__(self, func: Callable[[Any], Any], arg: Any, out: Any, debug: bool) -> None:
+    def __init__(
+        self,
+        func: Callable[[Any], Any],
+        arg: Any,
+        out: Any,
+        debug: bool,
+        on_step: Callable[[str], None] | None,
+    ) -> None:
         self.debug = debug
+        self.on_step = on_step
         self.request = pickle.dumps((func, arg), protocol=pickle.HIGHEST_PROTOCOL)
         self.out = out
         self.output = bytearray()
@@ -117,7 +134,17 @@ class _Child:
 
     @property
     def note(self) -> str:
-        return read_note(self.board)
+        return describe(*read_notes(self.board))
+
+    def _watch_steps(self, proc: subprocess.Popen[bytes]) -> None:
+        shown = ""
+        while proc.poll() is None:
+            stage, _ = read_notes(self.board)
+            if stage and stage != shown and self.on_step is not None:
+                shown = stage
+                with contextlib.suppress(Exception):  # a display problem never fails the scan
+                    self.on_step(stage)
+            time.sleep(0.2)
 
     def _run(self, timeout: float | None) -> Isolated:
         read_fd, write_fd = os.pipe()
@@ -144,6 +171,8 @@ class _Child:
             threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True),
             threading.Thread(target=self._read_results, args=(read_fd,), daemon=True),
         ]
+        if self.on_step is not None:
+            readers.append(threading.Thread(target=self._watch_steps, args=(proc,), daemon=True))
         for reader in readers:
             reader.start()
         try:

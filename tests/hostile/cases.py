@@ -177,6 +177,10 @@ def _internal_bug(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nan_hunter.api, "scan_target", broken)
 
 
+def _other_model_scanned(folder: Path, result: Any) -> None:
+    assert "models/a.py" in result.stdout  # one model ending its process spoils no other
+
+
 def _valid_json(folder: Path, result: Any) -> None:
     json.loads(result.stdout)
 
@@ -309,7 +313,8 @@ CASES: list[Case] = [
          files={"model.py": MATRIX}, written=frozenset({"fix.diff"})),
     # --- the scan process: the model cannot end, hang or corrupt the tool's run --------------
     Case("sys-exit-0-in-forward", SCAN, 2,
-         r"called sys\.exit\(0\) while running Net\.forward; nothing was scanned",
+         r"called sys\.exit\(0\) while running Net\.forward \(float16 autocast pass.*\); "
+         "nothing was scanned",
          files={"model.py": model(forward="import sys\nsys.exit(0)")}, child=True),
     Case("sys-exit-3-at-import", SCAN, 2, r"called sys\.exit\(3\) while importing model\.py",
          files={"model.py": model(top="import sys\nsys.exit(3)")}, child=True),
@@ -388,7 +393,7 @@ CASES: list[Case] = [
          files={"model.py": CLEAN}),
     Case("unknown-option", (*SCAN, "--fix-al"), 2, r"no such option: --fix-al",
          files={"model.py": CLEAN}),
-    Case("missing-model-argument", ("scan",), 2, r"missing argument 'path'"),
+    Case("missing-model-argument", ("scan",), 2, r"missing argument 'paths'"),
     Case("explain-without-code", ("explain",), 2, r"missing argument 'code'"),
     Case("grad-scale-negative", (*SCAN, "--grad-scale", "-5"), 2,
          "'grad_scale' must be none or a positive number", files={"model.py": CLEAN}),
@@ -423,8 +428,15 @@ CASES: list[Case] = [
     # --- model files, batches and weights: one accurate line each ----------------------------
     Case("binary-model-file", SCAN, 2, r"model\.py is not a Python source file",
          files={"model.py": b"\x7fELF\x00\x01\x02"}),
-    Case("folder-as-model-file", ("scan", "models"), 2,
-         r"models is a folder, not a model file", files={"models/net.py": CLEAN}),
+    Case("folder-without-model-files", ("scan", "models"), 2,
+         r"models: no \.py file below this folder defines build_model\(\)",
+         files={"models/net.py": "x = 1\n"}),
+    Case("folder-of-models-scans-each", ("scan", "models", "--format", "json"), 0,
+         files={"models/a.py": CLEAN, "models/b.py": CLEAN}),
+    Case("one-model-of-several-exits", ("scan", "models"), 2,
+         r"models/b\.py: the model's code called sys\.exit\(0\) while importing",
+         files={"models/a.py": CLEAN, "models/b.py": model(top="import sys\nsys.exit(0)")},
+         child=True, check=_other_model_scanned),
     Case("missing-model-file", ("scan", "absent.py"), 2, "model file not found: absent.py"),
     Case("syntax-error", SCAN, 2, r"syntax error in .*model\.py:1",
          files={"model.py": "def broken(:\n"}),

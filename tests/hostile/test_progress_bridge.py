@@ -1,0 +1,28 @@
+"""The scan process tells the CLI's progress display what it is doing (the note board)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nan_hunter.cli import ScanJob, _scan_job
+from nan_hunter.config import load_settings
+from nan_hunter.isolation import IN_PROCESS_ENV, run_isolated
+from tests.hostile.cases import model
+
+
+def test_steps_of_the_scan_process_reach_on_step(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
+    (work / "model.py").write_text(model(build="import time\ntime.sleep(1)"))
+    job = ScanJob(
+        "model.py", load_settings(), ("build_model", "sample_batch", "loss_fn"), None, None,
+        None, False, False, 1, False, True,
+    )
+    steps: list[str] = []
+    isolated = run_isolated(_scan_job, job, on_step=steps.append)
+    assert isolated.value.errors == 0
+    assert "calling build_model()" in steps
+    assert str(work / "model.py") in isolated.imported
