@@ -240,6 +240,8 @@ def _pickle_payload() -> bytes:
 
 
 HELPER = "SCALE = 1.0\n"
+BREAKS_NAN_HUNTER = "import nan_hunter.api\nnan_hunter.api.scan_target = lambda *a, **k: 1 / 0\n"
+"""A model that breaks nan-hunter itself: stands for a bug of ours inside the scan process."""
 HANGS = model(build="import time\ntime.sleep(600)")
 LATIN1 = ("# -*- coding: latin-1 -*-\n# caf\xe9, na\xefve\n" + MATRIX).encode("latin-1")
 CRLF = MATRIX.replace("\n", "\r\n").encode()
@@ -364,6 +366,9 @@ CASES: list[Case] = [
     Case("internal-error-is-one-line", SCAN, 2,
          r"internal error: ValueError: a bug of ours \(use --debug for a traceback\)$",
          files={"model.py": CLEAN}, setup=_internal_bug),
+    Case("internal-error-in-scan-process", SCAN, 2,
+         r"internal error: ZeroDivisionError: division by zero \(use --debug for a traceback\)$",
+         files={"model.py": model(top=BREAKS_NAN_HUNTER)}, child=True),
     # --- options: one line, exit 2, before any model code runs -------------------------------
     Case("select-unknown-code", (*SCAN, "--select", "NX101"), 2,
          r"command line: 'select' has an unknown rule code 'NX101'", files={"model.py": MATRIX}),

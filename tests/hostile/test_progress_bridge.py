@@ -1,4 +1,5 @@
-"""The scan process tells the CLI's progress display what it is doing (the note board)."""
+"""The scan process: its steps reach the progress display (the note board); --debug shows the
+traceback of an internal error inside it."""
 
 from __future__ import annotations
 
@@ -26,3 +27,19 @@ def test_steps_of_the_scan_process_reach_on_step(
     assert isolated.value.errors == 0
     assert "calling build_model()" in steps
     assert str(work / "model.py") in isolated.imported
+
+
+def test_debug_shows_the_traceback_of_an_internal_error(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from nan_hunter.cli import app
+    from tests.hostile.cases import BREAKS_NAN_HUNTER
+
+    monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
+    (work / "model.py").write_text(model(top=BREAKS_NAN_HUNTER))
+    result = CliRunner().invoke(app, ["scan", "model.py", "--debug"])
+    assert result.exit_code == 2
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "ZeroDivisionError: division by zero" in result.stderr
