@@ -109,6 +109,10 @@ def _die_with_parent(parent: int) -> None:
 
 def main() -> None:
     _die_with_parent(int(sys.argv[3]))
+    if os.environ.get("NAN_HUNTER_DEBUG"):
+        import faulthandler
+
+        faulthandler.enable()  # a crash in native code prints the Python stack (after our line)
     channel = os.fdopen(int(sys.argv[1]), "wb")
     board = NoteBoard(int(sys.argv[2]))
     func, arg = pickle.load(sys.stdin.buffer)
