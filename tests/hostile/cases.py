@@ -181,6 +181,14 @@ def _other_model_scanned(folder: Path, result: Any) -> None:
     assert "models/a.py" in result.stdout  # one model ending its process spoils no other
 
 
+def _junit_stdout(folder: Path, result: Any) -> None:
+    import xml.etree.ElementTree as ET
+
+    assert ET.fromstring(result.stdout.encode()).tag == "testsuite"
+    assert "printed by the model" in result.stderr
+    assert "nan-hunter: trained 2 step(s)" in result.stderr
+
+
 def _valid_json(folder: Path, result: Any) -> None:
     json.loads(result.stdout)
 
@@ -346,6 +354,10 @@ CASES: list[Case] = [
     Case("fd-level-writes-do-not-corrupt-sarif", (*SCAN, "--format", "sarif"), 0,
          files={"model.py": model(forward="import os\nos.write(1, b'printed by the model\\n')")},
          child=True, check=_json_stdout),
+    Case("prints-do-not-corrupt-junit-of-training-steps",
+         (*SCAN, "--format", "junit", "--steps", "2"), 0,
+         files={"model.py": model(forward="print('printed by the model')")}, child=True,
+         check=_junit_stdout),
     Case("model-argparse-sees-its-own-argv", (*SCAN, "--format", "json"), 0,
          files={"model.py": model(top="import argparse\np = argparse.ArgumentParser()\n"
                                        "p.add_argument('--lr', type=float)\n"
