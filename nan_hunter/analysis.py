@@ -184,6 +184,69 @@ def find_upstream(
     return None
 
 
+def out_of_range_consumers(
+    events: tuple[OpEvent, ...] | list[OpEvent],
+    consumers: dict[int, list[int]],
+    ref_events: dict[tuple[str, str, int, int], OpEvent],
+    origin: OpEvent,
+    fmt: FloatFormat,
+    depth: int = 8,
+) -> tuple[OpEvent, ...]:
+    """The ops after ``origin``, in its file, that still carry values beyond ``fmt``'s range in
+    the FP32 reference, and the first op on each path that brings them back (a softmax, a
+    normalisation): where an FP32 region must end before values go back to low precision."""
+    if origin.location is None:
+        return ()
+
+    def beyond(event: OpEvent) -> bool:
+        ref = ref_events.get(event.key)
+        return ref is not None and any(o.exceeds(fmt.max) for o in ref.outputs)
+
+    if not beyond(origin):
+        return ()
+    found: dict[int, OpEvent] = {}
+    frontier = list(consumers.get(origin.index, []))
+    for _ in range(depth):
+        following: list[int] = []
+        for index in frontier:
+            event = events[index]
+            if index in found or event.location is None:
+                continue
+            if event.location.file != origin.location.file:
+                continue
+            found[index] = event
+            if beyond(event):
+                following.extend(consumers.get(index, []))
+        frontier = following
+    return tuple(found[i] for i in sorted(found))
+
+
+def low_precision_chain(
+    events: tuple[OpEvent, ...] | list[OpEvent], origin: OpEvent, fmt: FloatFormat, depth: int
+) -> tuple[OpEvent, ...]:
+    """The ops upstream of ``origin``, in its file, whose results were rounded to ``fmt``: the
+    statements a region must take in when FP32 fails on the origin's own rounded inputs (a
+    ``clamp(max=1 - 1e-6)`` that is a no-op in FP16, a sigmoid already rounded to 1)."""
+    if origin.location is None:
+        return ()
+    found: dict[int, OpEvent] = {}
+    frontier = [p for p in origin.producers if p is not None]
+    for _ in range(max(depth, 1)):
+        following: list[int] = []
+        for index in frontier:
+            if index in found:
+                continue
+            event = events[index]
+            if event.location is None or event.location.file != origin.location.file:
+                continue
+            if not any(s.dtype == fmt.name for s in event.outputs):
+                continue
+            found[index] = event
+            following.extend(p for p in event.producers if p is not None)
+        frontier = following
+    return tuple(found[i] for i in sorted(found))
+
+
 def _producer_lines(events: tuple[OpEvent, ...], origin: OpEvent, inputs: tuple[int, ...]) -> (
     tuple[int, ...]
 ):
@@ -237,6 +300,13 @@ def analyse(
                 producer_lines=_producer_lines(low.events, event, casts),
                 input_producers=tuple(
                     low.events[p] for p in dict.fromkeys(event.producers) if p is not None
+                ),
+                out_of_range_consumers=out_of_range_consumers(
+                    low.events, consumers, ref_events, event, fmt
+                ),
+                rounded_chain=(
+                    low_precision_chain(low.events, event, fmt, upstream_depth)
+                    if own is False else ()
                 ),
                 contained=contained(low.events, consumers, event.index),
             )

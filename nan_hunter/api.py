@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +13,15 @@ import torch
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
 from nan_hunter.findings import Report
+from nan_hunter.fixes.in_memory import patched_model_scan
+from nan_hunter.fixes.project import project_root
+from nan_hunter.fixes.verify import verify_fixes
 from nan_hunter.loader import (
     Names,
     Target,
     as_batch,
     check_model,
+    folder_on_path,
     load_target,
     model_folder,
     unwrap_model,
@@ -82,7 +88,18 @@ def scan(
         module_name=type(model).__module__,
         unwrapped=unwrapped,
     )
-    return apply_suppressions(scan_target(target, settings))
+    report = apply_suppressions(scan_target(target, settings))
+    if settings.verify_fixes and source.is_file() and any(
+        f.fix is not None and (f.fix.edits or f.fix.alternatives) for f in report.findings
+    ):
+
+        def scan_copy(patched: torch.nn.Module, patched_loss: LossFn | None) -> Report:
+            copy_target = dataclasses.replace(target, model=patched, loss_fn=patched_loss)
+            return scan_target(copy_target, settings)
+
+        rescan = patched_model_scan(model, loss_fn, source, scan_copy)
+        report = verify_fixes(report, rescan, source)
+    return report
 
 
 def _source_file(model: torch.nn.Module) -> Path:
@@ -106,9 +123,47 @@ def scan_file(
     names: Names | None = None,
     weights: Path | None = None,
     batch_file: Path | None = None,
+    verify: bool | None = None,
 ) -> Report:
     """Load the model file ``spec`` (path or ``pkg.module``) and scan it. Findings on a line
-    with a ``# nan-hunter: ignore[CODE] -- reason`` comment come back suppressed."""
-    with model_folder(spec):  # for imports inside build_model() and forward, too
-        target = load_target(spec, names or Names(), weights=weights, batch_file=batch_file)
-        return apply_suppressions(scan_target(target, settings or load_settings()))
+    with a ``# nan-hunter: ignore[CODE] -- reason`` comment come back suppressed.
+
+    Fixes with edits are verified (``verify``, default: the ``verify_fixes`` setting, on by
+    default): the project is re-scanned with each fix applied (see ``nan_hunter.fixes.verify``)
+    and ``fix.verified``/``fix.remaining`` say what the re-scan found."""
+    settings = settings or load_settings()
+    names = names or Names()
+
+    def scan_once(spec: str, search: Path | None = None) -> tuple[Report, Path]:
+        # the model's folder on sys.path for the whole scan: imports inside build_model() and
+        # forward find its siblings (a dotted spec re-scanned in the overlay: its folder there)
+        with folder_on_path(search) if search is not None else model_folder(spec):
+            target = load_target(
+                spec, names, weights=weights, batch_file=batch_file, search=search
+            )
+            return apply_suppressions(scan_target(target, settings)), target.file
+
+    report, entry = scan_once(spec)
+    if settings.verify_fixes if verify is None else verify:
+        report = verify_fixes(report, _rescan_of(spec, entry, scan_once), entry)
+    return report
+
+
+def _rescan_of(
+    spec: str, entry: Path, scan_once: Callable[[str, Path | None], tuple[Report, Path]]
+) -> Callable[[Path], Report]:
+    """How verification re-runs the original entry in its overlay: by its file there, or, for a
+    dotted ``pkg.module`` spec, by the same name imported from the overlay of the working
+    directory (so the entry's own relative imports work)."""
+    if spec.endswith(".py") or Path(spec).exists():
+        return lambda shadow_entry: scan_once(str(shadow_entry))[0]
+    root = project_root(entry)
+    depth = len(entry.resolve().relative_to(root).parts)
+
+    def rescan(shadow_entry: Path) -> Report:
+        shadow_root = shadow_entry.parents[depth - 1]
+        cwd = Path.cwd().resolve()
+        search = shadow_root / cwd.relative_to(root) if cwd.is_relative_to(root) else cwd
+        return scan_once(spec, search)[0]
+
+    return rescan

@@ -341,6 +341,9 @@ def scan(
     """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
     from nan_hunter.config import load_settings
     from nan_hunter.discovery import discover, search_start
+    from nan_hunter.fixes.edits import render_diff, render_patch
+    from nan_hunter.fixes.project import project_root
+    from nan_hunter.fixes.select import select_fixes
     from nan_hunter.isolation import run_isolated
     from nan_hunter.targets import expand_paths
     from nan_hunter.terminal import progress_display, report_width, wants_color
@@ -436,25 +439,20 @@ def scan(
         codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
         raise typer.Exit(EXIT_CLEAN if exit_zero and not failed else max(codes))
     report = reports[0]
+    selection = select_fixes(report, unsafe=unsafe_fixes)
+    root = project_root(Path(report.target.file))
     if diff:
-        fixes = [f.fix for f in report.findings if f.fix and f.fix.diff]
-        chosen = [
-            x.diff for x in fixes
-            if x.verified is not False
-            and (x.applicability.value == "safe" or unsafe_fixes)
-        ]
-        typer.echo("".join(dict.fromkeys(d for d in chosen if d)), nl=False)
+        typer.echo(render_diff(selection.edits, root), nl=False)
         code = report.exit_code(settings.fail_on)
         raise typer.Exit(EXIT_CLEAN if exit_zero else code)
     text = render(report, output_format.value, color=use_color and output is None, width=width)
     _emit(text, output, color=use_color)
     if patch is not None:
-        diffs = list(dict.fromkeys(f.fix.diff for f in report.findings if f.fix and f.fix.diff))
-        if diffs:
-            _write(patch, "".join(diffs))
+        if selection.edits:
+            _write(patch, render_patch(selection.edits, root))
             typer.echo(f"nan-hunter: patch written to {patch}", err=True)
         else:
-            typer.echo("nan-hunter: no patch to write: no finding has an automatic fix", err=True)
+            typer.echo("nan-hunter: no patch to write: no finding has a fix to apply", err=True)
     code = report.exit_code(settings.fail_on)
     raise typer.Exit(EXIT_CLEAN if exit_zero else code)
 
@@ -500,10 +498,9 @@ def _scan_job(job: ScanJob) -> Report:
     """The report of one model file, after --steps, --fix-all, verification and --fix: the part
     of ``scan`` that runs the user's code."""
     from nan_hunter.api import scan_file
-    from nan_hunter.fixes.workflow import apply_fixes, verify_fixes
+    from nan_hunter.fixes.workflow import apply_fixes
     from nan_hunter.fixes.workflow import fix_all as run_fix_all
     from nan_hunter.loader import Names, load_target, model_folder
-    from nan_hunter.progress import announce
     from nan_hunter.suppressions import apply_suppressions
     from nan_hunter.training import run_steps
 
@@ -513,10 +510,14 @@ def _scan_job(job: ScanJob) -> Report:
     steps, fix, fix_all, rounds, unsafe_fixes, backup = (
         job.steps, job.fix, job.fix_all, job.rounds, job.unsafe_fixes, job.backup
     )
+    # scan_file verifies each fix (nan_hunter.fixes.verify); --fix and --fix-all need it
+    verifying = settings.verify_fixes or fix or fix_all
 
     def rescan(file: Path) -> Report:
-        announce("verifying a fix: re-scan of a patched copy")
-        return scan_file(str(file), settings, names=names, weights=weights, batch_file=batch_file)
+        return scan_file(
+            str(file), settings, names=names, weights=weights, batch_file=batch_file,
+            verify=verifying,
+        )
 
     with model_folder(path):  # lazy sibling imports keep working for the whole run
         if steps is not None:
@@ -532,22 +533,24 @@ def _scan_job(job: ScanJob) -> Report:
             report = apply_suppressions(result.report)
         else:
             report = scan_file(
-                path, settings, names=names, weights=weights, batch_file=batch_file
+                path, settings, names=names, weights=weights, batch_file=batch_file,
+                verify=verifying and not fix_all,
             )
         if fix_all:
-            done, report = run_fix_all(
+            outcome = run_fix_all(
                 Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
                 backup=backup,
             )
-            for r in done:
+            for r in outcome.rounds:
                 _say_applied(r.applied, f"round {r.number}: ")
-        elif (settings.verify_fixes or fix) and steps is None:
-            report = verify_fixes(report, rescan)
+            if outcome.stopped != "clean":
+                typer.echo(f"nan-hunter: --fix-all stopped: {outcome.stopped}", err=True)
+            report = outcome.report
         if fix and not fix_all:
             applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)
             _say_applied(applied, "")
             if any(a.fixed for a in applied):
-                report = verify_fixes(rescan(Path(report.target.file)), rescan)
+                report = rescan(Path(report.target.file))
     return report
 
 
@@ -588,7 +591,7 @@ def _emit(text: str, output: Path | None, *, color: bool = False) -> None:
         typer.echo(text, nl=False, color=color or None)
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str | bytes) -> None:
     from nan_hunter.safe_write import write_file
 
     try:

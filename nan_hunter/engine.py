@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,9 +24,11 @@ from nan_hunter.findings import (
     Report,
     ScanTarget,
     Severity,
+    SourceLocation,
     scale_text,
 )
-from nan_hunter.fixes.autocast_region import build_autocast_region_patch
+from nan_hunter.fixes.build import build_fix
+from nan_hunter.fixes.project import is_installed
 from nan_hunter.gradient_analysis import gradient_underflow
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
@@ -125,6 +126,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
         warnings_total=len(warnings),
         loss=low.loss,
         loss_scale=window,
+        reference_loss=ref.loss if ref is not None else None,
     )
 
 
@@ -301,28 +303,12 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
         up = c.upstream.event
         upstream = OpRef(op=up.op, module=up.module, location=up.location, reason=c.upstream.reason)
     plan = rule.fix(c)
-    fix = None
-    if plan is not None:
-        diff = None
-        file = None
-        if plan.region and c.ref_finite and event.in_user_code and event.location is not None:
-            patch = build_autocast_region_patch(
-                Path(event.location.file),
-                event.location.line,
-                event.op,
-                len(event.inputs),
-                producer_lines=plan.extra_lines,
-                device_type=device,
-                upcast_sites=plan.upcast_sites,
-            )
-            if patch is not None:
-                diff, file = patch.diff, event.location.file
-        fix = Fix(
-            title=plan.title,
-            applicability=Applicability.SAFE if diff else Applicability.DISPLAY_ONLY,
-            diff=diff,
-            file=file,
-        )
+    site = _edit_site(event)
+    half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
+    fix = (
+        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype)
+        if plan is not None else None
+    )
     severity, notes = rule.severity, _bf16_alternative(c, rule.kind_for(c))
     if c.contained:
         severity = Severity.INFO
@@ -347,7 +333,18 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
         upstream=upstream,
         op_index=event.index,
         notes=notes,
+        call_site=site if site is not event.location else None,
     )
+
+
+def _edit_site(event: OpEvent) -> SourceLocation | None:
+    """Where a fix for ``event`` goes: its own line when that is in the user's code, else
+    the nearest call site in the user's project (the op ran in an installed library)."""
+    if event.location is None:
+        return None
+    if event.in_user_code and not is_installed(event.location.file):
+        return event.location
+    return event.call_site
 
 
 def _bf16_alternative(c: Candidate, kind: Kind) -> tuple[str, ...]:

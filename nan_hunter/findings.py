@@ -70,16 +70,46 @@ class Fp32Rerun:
 
 
 @dataclass(frozen=True)
+class Edit:
+    """Replace ``[start, end)`` of a file's decoded text (BOM excluded) with ``replacement``.
+
+    Offsets are ``str`` indices; nan-hunter's edits replace whole lines."""
+
+    file: str
+    start: int
+    end: int
+    replacement: str
+
+
+@dataclass(frozen=True)
 class Fix:
+    """What to change, as Ruff has it: edits plus an applicability the rule chose.
+
+    ``diff`` is the edits rendered as a unified diff with paths relative to the project root;
+    it is never parsed back: applying, combining and SARIF ``fixes`` all work on ``edits``."""
+
     title: str
     applicability: Applicability
-    diff: str | None
-    file: str | None = None
+    edits: tuple[Edit, ...] = ()
+    diff: str | None = None
     verified: bool | None = None
-    """True when the fix, applied to a copy of the file and re-scanned, removed the finding;
-    False when the finding (or a new error) remained; None when not verified."""
+    """True when the re-scan of the project with this fix applied no longer has the error at
+    the edited op and no error the original scan lacked; False otherwise; None when not run."""
     remaining: tuple[str, ...] = ()
-    """What the re-scan of the fixed copy still reports (``NH102 op at file:line``)."""
+    """What the re-scan of the fixed project still reports (``NH102 op at file:line``), or why
+    it could not run."""
+    alternatives: tuple[Fix, ...] = ()
+    """Other fixes for the same finding, usually less safe (an eps FP16 can hold); the
+    selection takes the first one that may be applied."""
+
+    @property
+    def file(self) -> str | None:
+        """The first edited file."""
+        return self.edits[0].file if self.edits else None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e.file for e in self.edits))
 
 
 @dataclass(frozen=True)
@@ -108,6 +138,9 @@ class Finding:
     outputs: tuple[TensorStats, ...] = ()
     upstream: OpRef | None = None
     op_index: int | None = None
+    call_site: SourceLocation | None = None
+    """The nearest frame in the user's project, when the op's own location is outside it (an
+    installed library, the standard library): where the fix goes."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     suppression: Suppression | None = None
     """Set when an inline comment suppresses the finding: it is listed, but not counted."""
@@ -198,6 +231,8 @@ class Report:
     loss: TensorStats | None = None
     loss_scale: ScaleWindow | None = None
     """The loss-scale window measured in the emulated backward (None when it did not run)."""
+    reference_loss: TensorStats | None = None
+    """The loss of the FP32 reference run (None when it did not run): what a fix must keep."""
 
     @property
     def active(self) -> tuple[Finding, ...]:

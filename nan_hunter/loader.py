@@ -58,10 +58,13 @@ def load_target(
     *,
     weights: Path | None = None,
     batch_file: Path | None = None,
+    search: Path | None = None,
 ) -> Target:
+    """``search``: the folder a dotted ``spec`` is imported from (default: the working
+    directory; verification passes its overlay of it)."""
     names = names or Names()
     started_in = Path.cwd()
-    module = import_user_module(spec)
+    module = import_user_module(spec, search)
     file = Path(module.__file__ or spec).resolve()
     build = _function(module, names.model_fn, "--model-fn", required=True)
     assert build is not None
@@ -244,7 +247,32 @@ def own_argv(argv0: str) -> Iterator[None]:
         sys.argv = saved
 
 
-def import_user_module(spec: str) -> ModuleType:
+def forget_stale_modules(folder: Path) -> None:
+    """Drop from ``sys.modules`` the user's modules an earlier import left there that an import
+    from ``folder`` would find: those inside it, and those named like a package or module in it
+    but loaded from elsewhere. A scan then imports the files as they are now (after ``--fix``,
+    or another project with a package of the same name); installed packages and nan_hunter's
+    own modules are kept."""
+    from nan_hunter.fixes.project import is_installed
+
+    own = Path(__file__).resolve().parent
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or name.startswith("nan_hunter") or is_installed(file):
+            continue
+        try:
+            resolved = Path(file).resolve()
+        except OSError:
+            continue
+        if resolved.is_relative_to(own):
+            continue
+        top = name.split(".")[0]
+        shadowed = (folder / top).is_dir() or (folder / f"{top}.py").is_file()
+        if resolved.is_relative_to(folder) or shadowed:
+            del sys.modules[name]
+
+
+def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
     """Import a file path (``models/net.py``) or a dotted module name (``pkg.net``)."""
     path = Path(spec)
     if spec.endswith(".py") or path.exists():
@@ -256,6 +284,7 @@ def import_user_module(spec: str) -> ModuleType:
             raise LoadError(f"model file not found: {spec}")
         _check_source(path, spec)
         path = path.resolve()
+        forget_stale_modules(path.parent)
         name = f"_nan_hunter_user_{path.stem}_{abs(hash(str(path))) & 0xFFFFFF:06x}"
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:
@@ -269,7 +298,9 @@ def import_user_module(spec: str) -> ModuleType:
             sys.modules.pop(name, None)
             raise
         return module
-    with folder_on_path(Path.cwd()), own_argv(spec):
+    folder = search or Path.cwd()
+    forget_stale_modules(folder)
+    with folder_on_path(folder), own_argv(spec):
         try:
             return _run_user(lambda: importlib.import_module(spec), f"importing {spec}")
         except UserCodeError as exc:

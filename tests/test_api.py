@@ -81,6 +81,9 @@ def test_scan_finds_the_linear_overflow(report: Report) -> None:
     assert finding.location.code == "return self.head(h)  # <- api culprit"
     assert finding.fp32_rerun is not None and finding.fp32_rerun.finite
     assert finding.fp32_rerun.abs_max is not None and 65504 < finding.fp32_rerun.abs_max < 2e5
+    # The API verifies fixes as the CLI does: the class is re-imported from the patched file.
+    assert finding.fix is not None and finding.fix.edits
+    assert (finding.fix.verified, finding.fix.remaining) == (True, ())
     (out,) = finding.outputs
     assert out.dtype == "float16" and out.shape == (4, 8)
     assert out.posinf == 32 and out.nan == 0

@@ -60,7 +60,7 @@ def test_patch_file_is_written(tmp_path: Path) -> None:
     code, _, err = invoke("scan", str(EXAMPLES / "matrix_inverse.py"), "--patch", str(patch))
     assert code == 1
     text = patch.read_text()
-    assert text.startswith("--- a/matrix_inverse.py\n+++ b/matrix_inverse.py\n")
+    assert text.startswith("--- a/examples/matrix_inverse.py\n+++ b/examples/matrix_inverse.py\n")
     assert "+        with torch.autocast(" in text
     assert "patch written to" in err
 

@@ -645,7 +645,8 @@ def test_bad_device_type_is_rejected(tmp_path: pathlib.Path) -> None:
 
 
 def test_upcast_sites_inside_the_region_are_upcast_too(tmp_path: pathlib.Path) -> None:
-    """An eps addition upstream of the culprit gets ``.float()`` operands as well."""
+    """An eps addition upstream of the culprit gets ``.float()`` operands as well; its result,
+    computed in FP32 inside the region, gets none (``.float()`` once per tensor, at entry)."""
     path = tmp_path / "norm.py"
     path.write_text(
         "import torch\n"
@@ -666,6 +667,17 @@ def test_upcast_sites_inside_the_region_are_upcast_too(tmp_path: pathlib.Path) -
         "def forward(x, m):\n"
         '    with torch.autocast(device_type="cuda", enabled=False):\n'
         "        denom = m.float() + 1e-8\n"
-        "        y = x.float() / denom.float()\n"
+        "        y = x.float() / denom\n"
         "    return y\n"
     )
+
+
+def test_a_culprit_already_in_an_fp32_region_is_not_wrapped_again(tmp_path: pathlib.Path) -> None:
+    """A later --fix-all round never nests a region inside the one an earlier round made."""
+    source = (
+        "import torch\n\n\ndef f(x, w):\n"
+        '    with torch.autocast(device_type="cuda", enabled=False):\n'
+        "        y = x.float() @ w.float()\n    return y\n"
+    )
+    path = _write(tmp_path, "model.py", source)
+    assert build_autocast_region_patch(path, 6, "Tensor.__matmul__", 2) is None

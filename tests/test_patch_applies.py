@@ -10,7 +10,7 @@ import pytest
 
 from nan_hunter.api import scan_file
 from nan_hunter.findings import Severity
-from tests.conftest import EXAMPLES, FIXTURES, PRECISION_FIXES
+from tests.conftest import EXAMPLES, FIXTURES, PRECISION_FIXES, ROOT
 
 PATCHED = PRECISION_FIXES
 
@@ -26,23 +26,24 @@ def _first_diff(path: Path) -> str:
 @pytest.mark.parametrize("path", PATCHED, ids=lambda p: p.stem)
 def test_patch_applies_compiles_and_rescans_clean(path: Path, tmp_path: Path) -> None:
     diff = _first_diff(path)
+    rel = path.relative_to(ROOT)  # patch paths are relative to the project root
     work = tmp_path / "git"
-    work.mkdir()
-    shutil.copy(path, work / path.name)
+    (work / rel).parent.mkdir(parents=True)
+    shutil.copy(path, work / rel)
     (work / "fix.patch").write_text(diff)
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
     subprocess.run(["git", "apply", "fix.patch"], cwd=work, check=True)
-    patched = work / path.name
+    patched = work / rel
     compile(patched.read_text(), str(patched), "exec")
 
     if shutil.which("patch"):
         other = tmp_path / "patch"
-        other.mkdir()
-        shutil.copy(path, other / path.name)
+        (other / rel).parent.mkdir(parents=True)
+        shutil.copy(path, other / rel)
         subprocess.run(
             ["patch", "-p1", "-s", "-i", str(work / "fix.patch")], cwd=other, check=True
         )
-        assert (other / path.name).read_text() == patched.read_text()
+        assert (other / rel).read_text() == patched.read_text()
 
     rescan = scan_file(str(patched))
     errors = [(f.code, f.op, f.location) for f in rescan.findings if f.severity is Severity.ERROR]
@@ -57,7 +58,8 @@ def test_patch_applies_compiles_and_rescans_clean(path: Path, tmp_path: Path) ->
 
 def test_eps_fix_leaves_the_true_gradient_overflow_reported(tmp_path: Path) -> None:
     path = FIXTURES / "fx_eps_underflow.py"
-    patched = tmp_path / path.name
+    patched = tmp_path / path.relative_to(ROOT)
+    patched.parent.mkdir(parents=True)
     shutil.copy(path, patched)
     (tmp_path / "fix.patch").write_text(_first_diff(path))
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)

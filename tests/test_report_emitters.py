@@ -6,7 +6,6 @@ Regenerate the golden files after an intended change with ``pytest --update-gold
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import itertools
 import json
@@ -34,6 +33,8 @@ from nan_hunter.findings import (
     Severity,
     SourceLocation,
 )
+from nan_hunter.fixes.build import make_fix
+from nan_hunter.fixes.edits import apply_edits, edits_between
 from nan_hunter.report import FORMATS, render
 from nan_hunter.report.github import render_github
 from nan_hunter.report.junit import render_junit
@@ -233,13 +234,16 @@ def _apply_sarif(text: str, replacements: list[dict[str, Any]]) -> str:
     return text
 
 
-def _git_apply(original: Path, diff: str, work: Path, *options: str) -> str:
-    work.mkdir()
-    shutil.copy(original, work / original.name)
+def _git_apply(original: Path, diff: str, work: Path, *options: str, rel: str = "") -> str:
+    """Apply ``diff`` in a new repository holding ``original`` at ``rel`` (its name by
+    default), as a user applies a patch from the project root."""
+    target = work / (rel or original.name)
+    target.parent.mkdir(parents=True)
+    shutil.copy(original, target)
     (work / "fix.patch").write_bytes(diff.encode("utf-8"))
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
     subprocess.run(["git", "apply", *options, "fix.patch"], cwd=work, check=True)
-    return (work / original.name).read_bytes().decode("utf-8")
+    return target.read_bytes().decode("utf-8")
 
 
 @pytest.mark.parametrize("path", [MATRIX_INVERSE, EPS_UPSTREAM], ids=lambda p: p.stem)
@@ -251,48 +255,41 @@ def test_sarif_fix_equals_git_apply_of_the_diff(path: Path, tmp_path: Path) -> N
     assert fix["description"]["text"] == finding.fix.title
     (change,) = fix["artifactChanges"]
     assert change["artifactLocation"]["uri"] == path.relative_to(ROOT).as_posix()
-    patched = _git_apply(path, finding.fix.diff, tmp_path / "git")
+    rel = path.relative_to(ROOT).as_posix()
+    patched = _git_apply(path, finding.fix.diff, tmp_path / "git", rel=rel)
     original = path.read_bytes().decode("utf-8")
     assert patched != original
     assert _apply_sarif(original, change["replacements"]) == patched
 
 
-def _diff(old: str, new: str, name: str, context: int) -> str:
-    """A unified diff as the fixes write one: a/ b/ paths, no-newline markers."""
-    out = []
-    for line in difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True),
-        f"a/{name}", f"b/{name}", n=context,
-    ):
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
-
-
 _BODY = "".join(f"x{i} = {i}\n" for i in range(1, 21))
 EDITS = {
-    "two-hunks": (_BODY, "import torch\n" + _BODY.replace("x15 = 15\n", "x15 = 15.0\n"), 3),
-    "last-line": (_BODY, _BODY.replace("x20 = 20\n", "x20 = 0\n"), 3),
-    "no-final-newline": (_BODY + "last = 1", _BODY + "last = 2", 3),
-    "add-final-newline": (_BODY + "last = 1", _BODY + "last = 1\n", 3),
-    "crlf": (_BODY.replace("\n", "\r\n"), _BODY.replace("\n", "\r\n").replace("x3 ", "y3 "), 3),
+    "two-hunks": (_BODY, "import torch\n" + _BODY.replace("x15 = 15\n", "x15 = 15.0\n")),
+    "last-line": (_BODY, _BODY.replace("x20 = 20\n", "x20 = 0\n")),
+    "no-final-newline": (_BODY + "last = 1", _BODY + "last = 2"),
+    "add-final-newline": (_BODY + "last = 1", _BODY + "last = 1\n"),
+    "crlf": (_BODY.replace("\n", "\r\n"), _BODY.replace("\n", "\r\n").replace("x3 ", "y3 ")),
     "pure-insert-and-delete": (
-        _BODY, _BODY.replace("x4 = 4\n", "x4 = 4\nnew = 0\nnew2 = 0\n").replace("x9 = 9\n", ""), 0
+        _BODY, _BODY.replace("x4 = 4\n", "x4 = 4\nnew = 0\nnew2 = 0\n").replace("x9 = 9\n", "")
     ),
-    "insert-at-top": (_BODY, "# header\n" + _BODY, 0),
-    "non-ascii": ("a = 'é'\nb = 'ü'", "a = 'é'\nb = 'ö'", 3),
+    "insert-at-top": (_BODY, "# header\n" + _BODY),
+    "non-ascii": ("a = 'é'\nb = 'ü'", "a = 'é'\nb = 'ö'"),
 }
 
 
 @pytest.mark.parametrize("case", list(EDITS))
-def test_sarif_replacements_reproduce_handmade_diffs(case: str, tmp_path: Path) -> None:
-    old, new, context = EDITS[case]
+def test_sarif_replacements_the_diff_and_the_edits_agree(case: str, tmp_path: Path) -> None:
+    old, new = EDITS[case]
     source = tmp_path / "model.py"
     source.write_bytes(old.encode("utf-8"))
-    diff = _diff(old, new, "model.py", context)
+    edits = edits_between(source, old, new)
+    fix = make_fix("edit", Applicability.SAFE, edits, tmp_path)
+    assert fix.diff is not None and fix.diff.startswith("--- a/model.py\n+++ b/model.py\n")
+    assert apply_edits(old, edits) == new
     report = _report(
         _finding(
             location=SourceLocation(str(source), 1, "x1 = 1"),
-            fix=Fix("edit", Applicability.SAFE, diff, str(source)),
+            fix=fix,
         ),
         file=str(source),
     )
@@ -301,8 +298,7 @@ def test_sarif_replacements_reproduce_handmade_diffs(case: str, tmp_path: Path) 
     ]
     # Outside the working directory the artifact is an absolute file: URI, with no base id.
     assert change["artifactLocation"] == {"uri": source.resolve().as_uri()}
-    options = ("--unidiff-zero",) if context == 0 else ()
-    assert _git_apply(source, diff, tmp_path / "git", *options) == new
+    assert _git_apply(source, fix.diff, tmp_path / "git") == new
     assert _apply_sarif(old, change["replacements"]) == new
 
 
@@ -418,7 +414,10 @@ def test_markdown_has_the_diff_block_and_stats_table() -> None:
     assert "## NH101 · overflow · `examples/matrix_inverse.py:46`" in text
     assert "| tensor | shape | dtype | min | max | NaN | +inf | -inf |" in text
     assert "| out[0] | [32, 4] | float16 | -4.051 | 3.826 | 8 | 0 | 0 |" in text
-    assert "```diff\n--- a/matrix_inverse.py\n+++ b/matrix_inverse.py\n@@ -42,8 +42,9 @@" in text
+    assert (
+        "```diff\n--- a/examples/matrix_inverse.py\n+++ b/examples/matrix_inverse.py\n"
+        "@@ -42,8 +42,9 @@"
+    ) in text
     assert "- **fix** (safe): Run torch.matmul" in text
     assert text.rstrip().endswith("1 propagated, 0.00 s")
 
@@ -428,7 +427,7 @@ def test_markdown_escapes_tables_markup_and_backticks() -> None:
         _finding(
             location=SourceLocation("model.py", 7, "y = f`a` | b"),
             message="Tensor.__add__ [x] |y|",
-            fix=Fix("f", Applicability.SAFE, "```\n+x\n"),
+            fix=Fix("f", Applicability.SAFE, diff="```\n+x\n"),
         ),
         _finding(code="NH501", severity=Severity.WARNING, message="a | b"),
     )

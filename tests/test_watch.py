@@ -468,8 +468,11 @@ def test_run_steps_matches_the_watched_report(example: ModuleType, watched: Watc
     event = watched.reports[0]
     assert event.report is not None
     assert result.first_bad_step == event.step
-    # Same weights, same batch, same loss scale (2048): the same scan.
-    assert result.report.findings == event.report.findings
+    # Same weights, same batch, same loss scale (2048): the same scan (the watcher's goes
+    # through nan_hunter.scan, which also verifies the fixes; run_steps does not).
+    assert [dataclasses.replace(f, fix=None) for f in result.report.findings] == [
+        dataclasses.replace(f, fix=None) for f in event.report.findings
+    ]
     assert result.report.loss_scale == event.report.loss_scale
 
 

@@ -8,27 +8,30 @@ an edit like::
         dtd_inv = torch.inverse(dtd + self.lam * torch.eye(dtd.shape[0]))
         codes = torch.matmul(dtd_inv.float(), z.float())
 
-The edit is made textually on the original source (positions come from :mod:`ast`; their column
+The edit is made textually on the decoded source (positions come from :mod:`ast`; their column
 offsets are UTF-8 byte offsets), so comments and formatting elsewhere are kept. Lines inside
-multi-line string literals are never re-indented. The result is returned as a unified diff that
-``git apply`` and ``patch -p1`` accept, together with the whole patched text. Whenever the edit
-cannot be made safely (unparsable file, culprit in a compound-statement header, a lambda or a
-comprehension, statements sharing the region's lines, patched text that does not compile, ...)
-the function returns ``None`` instead.
-
-Only the standard library is used.
+multi-line string literals are never re-indented. The result is returned as whole-line edits
+(and the unified diff rendered from them, which ``git apply`` and ``patch -p1`` accept), together
+with the whole patched text. Whenever the edit cannot be made safely (unparsable file, culprit in
+a compound-statement header, a lambda or a comprehension, statements sharing the region's lines,
+a culprit already inside an autocast-disabled region, patched text that does not compile, ...)
+the function returns ``None`` instead. In half mode (``cast_back``) no autocast region is
+opened: the region's inputs are upcast and the values it hands on are cast back.
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
 import pathlib
 import re
 import tokenize
 import warnings
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+
+from nan_hunter.findings import Edit
+from nan_hunter.fixes.edits import edits_between, render_diff
 
 __all__ = ["RegionPatch", "build_autocast_region_patch"]
 
@@ -63,8 +66,9 @@ _SHEBANG_OR_CODING = re.compile(r"#!|[ \t\f]*#.*coding[:=]")
 class RegionPatch:
     """A planned autocast-disabled region, as a diff and as the whole patched file."""
 
-    diff: str  # unified diff, paths "a/<relpath>" and "b/<relpath>"
+    diff: str  # unified diff, paths "a/<relpath>" and "b/<relpath>", rendered from ``edits``
     new_source: str  # whole patched file text
+    edits: tuple[Edit, ...]  # whole-line edits of the decoded text (BOM excluded)
     first_line: int  # 1-based first line of the wrapped region in the ORIGINAL file
     last_line: int  # 1-based last line of the wrapped region in the ORIGINAL file
 
@@ -77,6 +81,8 @@ class _Located:
     block: list[ast.stmt]
     index: int
     in_function: bool
+    in_fp32_region: bool = False
+    """Inside a ``with torch.autocast(..., enabled=False)`` already (a region a fix made)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,10 @@ def build_autocast_region_patch(
     device_type: str = "cuda",
     relative_to: pathlib.Path | None = None,
     upcast_sites: Sequence[tuple[int, str, int]] = (),
+    fp32_operands: frozenset[int] = frozenset(),
+    consumer_lines: Sequence[int] = (),
+    cast_back: str | None = None,
+    grow_to_producers: bool = False,
 ) -> RegionPatch | None:
     """Plan an edit wrapping the culprit statement in ``torch.autocast(..., enabled=False)``.
 
@@ -154,7 +164,7 @@ def build_autocast_region_patch(
     if not _DEVICE_TYPE.fullmatch(device_type):
         raise ValueError(f"not a device type: {device_type!r}")
     base = relative_to if relative_to is not None else path.parent
-    rel = path.absolute().relative_to(base.absolute()).as_posix()
+    path.absolute().relative_to(base.absolute())  # ValueError when outside
     original = _read_source(path)
     if original is None:
         return None
@@ -167,15 +177,22 @@ def build_autocast_region_patch(
         producer_lines,
         device_type,
         upcast_sites,
+        fp32_operands,
+        consumer_lines,
+        cast_back,
+        grow_to_producers,
     )
     if patched is None:
         return None
     new_text, first_line, last_line = patched
     if not _compiles(new_text, str(path)):
         return None
-    new_source = bom + new_text
-    diff = _unified_diff(_split_lines(original), _split_lines(new_source), rel)
-    return RegionPatch(diff=diff, new_source=new_source, first_line=first_line, last_line=last_line)
+    edits = edits_between(path, original[len(bom) :], new_text)
+    diff = render_diff(edits, base)
+    return RegionPatch(
+        diff=diff, new_source=bom + new_text, edits=edits, first_line=first_line,
+        last_line=last_line,
+    )
 
 
 def _patch_text(
@@ -186,6 +203,10 @@ def _patch_text(
     producer_lines: Sequence[int],
     device_type: str,
     upcast_sites: Sequence[tuple[int, str, int]] = (),
+    fp32_operands: frozenset[int] = frozenset(),
+    consumer_lines: Sequence[int] = (),
+    cast_back: str | None = None,
+    grow_to_producers: bool = False,
 ) -> tuple[str, int, int] | None:
     """The patched text and the region's original first and last line, or ``None``."""
     try:
@@ -196,28 +217,85 @@ def _patch_text(
     located = _locate(tree.body, culprit_line)
     if located is None or not isinstance(located.stmt, _SIMPLE_STATEMENTS):
         return None
+    if located.in_fp32_region and cast_back is None:
+        return None  # never a region inside a region (a later --fix-all round re-wrapping)
+    if grow_to_producers:
+        producer_lines = [*producer_lines, *_producer_statement_lines(located, producer_lines,
+                                                                      tree.body)]
     first_index = _region_start(source, located, tree.body, producer_lines)
     if first_index is None:
         return None
     first_stmt = located.block[first_index]
     first_line = _stmt_start(first_stmt)
-    last_line = located.stmt.end_lineno
+    last_index = located.index
+    for line in consumer_lines:  # statements after the culprit that still need FP32
+        consumer = _locate(tree.body, line)
+        if consumer is not None and consumer.block is located.block:
+            last_index = max(last_index, consumer.index)
+    if last_index != located.index and not _ends_line(source, located.block[last_index]):
+        last_index = located.index
+    last_line = located.block[last_index].end_lineno
     assert last_line is not None
     interior = _string_interior_lines(source.lines)
     if interior is None:
         return None
-    edits = _upcast_edits(source, tree, located.stmt, culprit_line, op_name, n_tensor_operands)
+    region = located.block[first_index : last_index + 1]
+    sites = [
+        site for site in upcast_sites
+        if _binary_operator(site[1]) is not None or not site[1].endswith("__")
+    ]
+    site_stmts = [s for s in region if any(_contains(s, line) for line, _, _ in sites)]
+    torch_names = _import_bindings(tree)[1]
+    # In half mode an op inside a module's forward (a Linear called as self.fc(x)) cannot be
+    # given FP32 inputs from here: its weights stay FP16. Its result is upcast instead.
+    by_name = cast_back is None
+    region_ops = [
+        node
+        for line, op, _ in sites
+        for stmt in region
+        if _contains(stmt, line)
+        and (node := _find_op_node(stmt, line, op, torch_names, by_name)) is not None
+    ]
+
+    def inside(stmt: ast.stmt) -> set[str]:
+        """Names that upcast statements before ``stmt`` in the region assigned: FP32 there."""
+        earlier = site_stmts[: site_stmts.index(stmt)] if stmt in site_stmts else [
+            s for s in site_stmts if s.lineno < stmt.lineno
+        ]
+        return {name for s in earlier for name in _assigned_names(s)}
+
+    edits = _upcast_edits(
+        source, tree, located.stmt, culprit_line, op_name, n_tensor_operands,
+        inside=inside(located.stmt), fp32_operands=fp32_operands, region_ops=region_ops,
+        fallback=by_name,
+    )
     if edits is None:
         return None
-    region = located.block[first_index : located.index + 1]
-    for site_line, site_op, site_n in upcast_sites:
+    for site_line, site_op, site_n in sites:
         stmt = next((s for s in region if _contains(s, site_line)), None)
-        extra = _upcast_edits(source, tree, stmt, site_line, site_op, site_n) if stmt else None
+        extra = (
+            _upcast_edits(
+                source, tree, stmt, site_line, site_op, site_n, inside=inside(stmt),
+                region_ops=region_ops, fallback=by_name,
+            )
+            if stmt else None
+        )
         edits.extend(e for e in extra or () if e not in edits)
     lines = _split_lines(_apply_edits(text, edits))
     if len(lines) != len(source.lines):
         return None
     indent = _leading_indent(source, first_stmt)
+    if cast_back is not None:
+        # Half mode: no autocast to switch off. The region's inputs are upcast; the values it
+        # hands on are cast back to the model's dtype where it ends.
+        newline = _newline_of(source.lines)
+        later = located.block[last_index + 1 :]
+        used_later = {n.id for s in later for n in ast.walk(s) if isinstance(n, ast.Name)}
+        live = sorted({n for s in region for n in _assigned_names(s)} & used_later)
+        casts = "".join(f"{indent}{name} = {name}.to({cast_back}){newline}" for name in live)
+        if casts:
+            _insert_line(lines, last_line, casts, newline)
+        return "".join(lines), first_line, last_line
     unit = "\t" if "\t" in indent else _INDENT_UNIT
     newline = _newline_of(source.lines)
     for lineno in range(first_line, last_line + 1):
@@ -274,17 +352,6 @@ def _compiles(text: str, filename: str) -> bool:
         except (SyntaxError, ValueError):
             return False
     return True
-
-
-def _unified_diff(old_lines: list[str], new_lines: list[str], rel: str) -> str:
-    """A unified diff in which every line ends in a newline, marking a missing final newline."""
-    out: list[str] = []
-    for line in difflib.unified_diff(old_lines, new_lines, f"a/{rel}", f"b/{rel}"):
-        if line.endswith(("\n", "\r")):
-            out.append(line)
-        else:
-            out.append(line + "\n\\ No newline at end of file\n")
-    return "".join(out)
 
 
 def _string_interior_lines(lines: list[str]) -> set[int] | None:
@@ -346,6 +413,7 @@ def _locate(body: list[ast.stmt], line: int) -> _Located | None:
     """The innermost statement containing ``line``; ``None`` if none or ambiguous."""
     block = body
     in_function = False
+    in_region = False
     while True:
         hits = [i for i, stmt in enumerate(block) if _contains(stmt, line)]
         if len(hits) != 1:
@@ -356,9 +424,27 @@ def _locate(body: list[ast.stmt], line: int) -> _Located | None:
             None,
         )
         if inner is None:
-            return _Located(stmt, block, hits[0], in_function)
+            return _Located(stmt, block, hits[0], in_function, in_region)
         in_function = in_function or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+        in_region = in_region or _is_autocast_off(stmt)
         block = inner
+
+
+def _is_autocast_off(stmt: ast.stmt) -> bool:
+    """``with torch.autocast(..., enabled=False):`` (or ``torch.cuda.amp.autocast``)."""
+    if not isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return False
+    for item in stmt.items:
+        call = item.context_expr
+        if isinstance(call, ast.Call) and _func_last_name(call.func) == "autocast":
+            for keyword in call.keywords:
+                if (
+                    keyword.arg == "enabled"
+                    and isinstance(keyword.value, ast.Constant)
+                    and keyword.value.value is False
+                ):
+                    return True
+    return False
 
 
 def _region_start(
@@ -381,6 +467,34 @@ def _region_start(
         if _starts_line(source, located.block[index]):
             return index
     return None
+
+
+def _producer_statement_lines(
+    located: _Located, producer_lines: Sequence[int], module_body: list[ast.stmt]
+) -> list[int]:
+    """Lines of the statements before the region, in its block, that assign the names the
+    region reads (transitively): taking them in keeps the gradients flowing back into them in
+    FP32, where a cast at the region's entry would overflow (NH401 at a dtype boundary)."""
+    start = located.index
+    for line in producer_lines:
+        producer = _locate(module_body, line)
+        if producer is not None and producer.block is located.block:
+            start = min(start, producer.index)
+    block = located.block
+    needed = {
+        n.id for stmt in block[start : located.index + 1] for n in ast.walk(stmt)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    }
+    lines: list[int] = []
+    for index in range(start - 1, -1, -1):
+        stmt = block[index]
+        if not isinstance(stmt, _SIMPLE_STATEMENTS) or not (_assigned_names(stmt) & needed):
+            continue
+        lines.append(_stmt_start(stmt))
+        needed |= {
+            n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+    return lines
 
 
 def _is_unwrappable(block: list[ast.stmt], index: int) -> bool:
@@ -550,7 +664,9 @@ def _pick(candidates: list[tuple[ast.AST, int]], line: int, outermost: bool) -> 
     return None
 
 
-def _find_op_node(stmt: ast.stmt, line: int, op_name: str, torch_names: set[str]) -> ast.AST | None:
+def _find_op_node(
+    stmt: ast.stmt, line: int, op_name: str, torch_names: set[str], fallback: bool = True
+) -> ast.AST | None:
     """The culprit op's node in ``stmt``; ``None`` if absent or only in a lambda/comprehension."""
     operator = _binary_operator(op_name)
     last = op_name.rsplit(".", 1)[-1]
@@ -571,9 +687,9 @@ def _find_op_node(stmt: ast.stmt, line: int, op_name: str, torch_names: set[str]
             visible.append((node, depth))
     if visible:
         return _pick(visible, line, outermost=False)
-    if any_hidden:
+    if any_hidden or not fallback:
         return None
-    fallback = [
+    outer_calls = [
         (node, depth)
         for node, depth, hidden in _walk(stmt)
         if isinstance(node, ast.Call)
@@ -581,7 +697,7 @@ def _find_op_node(stmt: ast.stmt, line: int, op_name: str, torch_names: set[str]
         and _spans(node, line)
         and _root_name(node.func) not in torch_names
     ]
-    return _pick(fallback, line, outermost=True)
+    return _pick(outer_calls, line, outermost=True)
 
 
 # --- operand upcasts ---------------------------------------------------------------------------
@@ -605,9 +721,24 @@ def _is_constant(expr: ast.expr) -> bool:
     return isinstance(expr, _NOT_TENSORS)
 
 
-def _upcast_operand(source: _Source, expr: ast.expr) -> list[_Edit]:
-    """Edits turning ``expr`` into ``expr.float()`` / ``(expr).float()``; none if not needed."""
+def _assigned_names(stmt: ast.stmt) -> set[str]:
+    targets: list[ast.expr] = []
+    if isinstance(stmt, ast.Assign):
+        targets = list(stmt.targets)
+    elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+        targets = [stmt.target]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _upcast_operand(
+    source: _Source, expr: ast.expr, inside: AbstractSet[str] = frozenset()
+) -> list[_Edit]:
+    """Edits turning ``expr`` into ``expr.float()`` / ``(expr).float()``; none if not needed:
+    already upcast, a constant, or made only of names the region computed in FP32."""
     if _is_upcast(expr) or _is_constant(expr) or isinstance(expr, ast.Starred):
+        return []
+    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    if names and names <= inside and not any(isinstance(n, ast.Call) for n in ast.walk(expr)):
         return []
     start, end = source.span(expr)
     if isinstance(expr, _ATOMIC_OPERANDS):
@@ -663,10 +794,16 @@ def _upcast_edits(
     line: int,
     op_name: str,
     n_tensor_operands: int,
+    *,
+    inside: AbstractSet[str] = frozenset(),
+    fp32_operands: frozenset[int] = frozenset(),
+    region_ops: Sequence[ast.AST] = (),
+    fallback: bool = True,
 ) -> list[_Edit] | None:
-    """Edits appending ``.float()`` to the culprit op's tensor operands, or ``None``."""
+    """Edits appending ``.float()`` to the op's tensor operands, or ``None``; operands known
+    to be FP32 already (``fp32_operands``, by position) or computed in the region are left."""
     module_names, torch_names = _import_bindings(tree)
-    node = _find_op_node(stmt, line, op_name, torch_names)
+    node = _find_op_node(stmt, line, op_name, torch_names, fallback)
     if node is None:
         return None
     if isinstance(node, ast.AugAssign):
@@ -685,4 +822,15 @@ def _upcast_edits(
             and _root_name(func.value) not in module_names | torch_names
         )
         operands = _call_operands(node, n_tensor_operands, method)
-    return [edit for operand in operands for edit in _upcast_operand(source, operand)]
+    return [
+        edit
+        for i, operand in enumerate(operands)
+        if i not in fp32_operands and not _holds_any(operand, region_ops)
+        for edit in _upcast_operand(source, operand, inside)
+    ]
+
+
+def _holds_any(expr: ast.expr, nodes: Sequence[ast.AST]) -> bool:
+    """``expr`` is, or contains, the result of another op of the region (already FP32)."""
+    inner = set(map(id, ast.walk(expr)))
+    return any(id(node) in inner for node in nodes)

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from nan_hunter import __version__
-from nan_hunter.findings import Finding, OpRef, Report, SourceLocation
+from nan_hunter.findings import Finding, Fix, OpRef, Report, SourceLocation
 from nan_hunter.report.paths import display_path
 
 SCHEMA = "nan-hunter/report/v1"
@@ -26,6 +26,23 @@ def _upstream(ref: OpRef | None) -> dict[str, Any] | None:
         "module": ref.module,
         "location": _location(ref.location),
         "reason": ref.reason,
+    }
+
+
+def _fix(fix: Fix) -> dict[str, Any]:
+    return {
+        "title": fix.title,
+        "applicability": fix.applicability.value,
+        "diff": fix.diff,
+        "file": display_path(fix.file) if fix.file else None,
+        "verified": fix.verified,
+        "remaining": list(fix.remaining),
+        "edits": [
+            {"file": display_path(e.file), "start": e.start, "end": e.end,
+             "replacement": e.replacement}
+            for e in fix.edits
+        ],
+        "alternatives": [_fix(alt) for alt in fix.alternatives],
     }
 
 
@@ -60,16 +77,8 @@ def _finding_fields(f: Finding) -> dict[str, Any]:
             "own_inputs_finite": f.fp32_rerun.own_inputs_finite,
         },
         "message": f.message,
-        "fix": None
-        if f.fix is None
-        else {
-            "title": f.fix.title,
-            "applicability": f.fix.applicability.value,
-            "diff": f.fix.diff,
-            "file": display_path(f.fix.file) if f.fix.file else None,
-            "verified": f.fix.verified,
-            "remaining": list(f.fix.remaining),
-        },
+        "fix": None if f.fix is None else _fix(f.fix),
+        "call_site": _location(f.call_site),
         "upstream": _upstream(f.upstream),
         "notes": list(f.notes),
         "inputs": [s.to_dict() for s in f.inputs],

@@ -1,23 +1,26 @@
 """SARIF 2.1.0 for code-scanning uploads: one run, every registered rule, one result per finding.
 
-Fixes with a diff become SARIF ``fixes``: each hunk of the unified diff is one replacement of the
-hunk's old lines (context included) by its new lines. Regions use line/column numbers of the
-original file; ``run.columnKind`` is ``unicodeCodePoints``, so a column is a Python ``str`` index
-plus one. The output is deterministic: no timestamps, paths relative to the working directory.
+Fixes with edits become SARIF ``fixes``: each edit is one replacement of the original lines it
+covers by its new lines (the same edits ``--fix`` applies; no diff is parsed back). Regions use
+line/column numbers of the original file; ``run.columnKind`` is ``unicodeCodePoints``, so a column
+is a Python ``str`` index plus one. The output is deterministic: no timestamps, paths relative
+to the working directory.
 """
 
 from __future__ import annotations
 
 import json
-import re
+from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from nan_hunter import __version__
-from nan_hunter.findings import Finding, Fix, OpRef, Report, Severity
+from nan_hunter.findings import Edit, Finding, Fix, OpRef, Report, Severity
+from nan_hunter.fixes.edits import by_file, combine
+from nan_hunter.fixes.source import SourceError, read_source, split_lines
 from nan_hunter.report.paths import repository_relative
 from nan_hunter.rules.registry import Rule, all_rules
 
@@ -27,28 +30,6 @@ INFORMATION_URI = "https://nan-hunter.dev"
 """The project's home, the same host as the JSON report schema's ``$id``."""
 
 LEVELS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
-
-_HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-_DIFF_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
-"""Lines as the fix builder splits them (on CRLF, CR and LF), endings kept."""
-_NO_NEWLINE = "\\ No newline at end of file"
-
-
-@dataclass(frozen=True)
-class Hunk:
-    """One hunk of a unified diff; lines keep their own line endings."""
-
-    old_start: int
-    old_lines: tuple[str, ...]
-    new_lines: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class FilePatch:
-    path: str
-    """The ``b/`` path of the diff without its prefix (relative to the diff's base folder)."""
-    hunks: tuple[Hunk, ...]
-
 
 def render_sarif(report: Report) -> str:
     return json.dumps(sarif_dict(report), indent=2) + "\n"
@@ -118,13 +99,24 @@ def _result(f: Finding, rule_index: int | None, target_file: str) -> dict[str, A
         result["locations"] = [location]
     if f.upstream is not None and f.upstream.location is not None:
         result["relatedLocations"] = [_related(f.upstream)]
+    if f.call_site is not None:
+        site = f.call_site
+        result.setdefault("relatedLocations", []).append(
+            {
+                "id": len(result.get("relatedLocations", [])),
+                "physicalLocation": {
+                    "artifactLocation": _artifact(site.file),
+                    "region": {"startLine": site.line, "snippet": {"text": site.code}},
+                },
+                "message": {"text": "called from your code here (the fix goes around this call)"},
+            }
+        )
     if f.suppression is not None:
         result["suppressions"] = [
             {"kind": "inSource", "status": "accepted", "justification": f.suppression.reason}
         ]
-    if f.fix is not None and f.fix.diff:
-        base = f.fix.file or (f.location.file if f.location else target_file)
-        changes = _artifact_changes(f.fix.diff, Path(base).parent)
+    if f.fix is not None and f.fix.edits:
+        changes = _artifact_changes(f.fix)
         if changes:
             result["fixes"] = [_fix(f.fix, changes)]
     result["properties"] = _properties(f)
@@ -177,112 +169,49 @@ def _fix(fix: Fix, changes: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "description": {"text": fix.title},
         "artifactChanges": changes,
-        "properties": {"applicability": fix.applicability.value},
+        "properties": {"applicability": fix.applicability.value, "verified": fix.verified},
     }
 
 
-def _artifact_changes(diff: str, base: Path) -> list[dict[str, Any]]:
-    return [
-        {
-            "artifactLocation": _artifact(str(base / patch.path)),
-            "replacements": [_replacement(hunk) for hunk in patch.hunks],
-        }
-        for patch in parse_unified_diff(diff)
-        if patch.hunks
-    ]
+def _artifact_changes(fix: Fix) -> list[dict[str, Any]]:
+    changes = []
+    for path, edits in by_file(fix.edits).items():
+        try:
+            text = read_source(path).text
+        except SourceError:
+            return []
+        starts = list(accumulate((len(x) for x in split_lines(text)), initial=0))
+        changes.append(
+            {
+                "artifactLocation": _artifact(str(path)),
+                "replacements": [_replacement(e, text, starts) for e in combine(edits)],
+            }
+        )
+    return changes
 
 
-def _replacement(hunk: Hunk) -> dict[str, Any]:
-    """One hunk as a SARIF replacement of whole lines of the original file.
+def _position(offset: int, text: str, starts: list[int]) -> tuple[int, int]:
+    """1-based ``(line, column)`` of a ``str`` offset (columns in code points); the end of a
+    file that ends in a newline is column 1 of the line after its last one."""
+    n_lines = len(starts) - 1
+    if offset >= len(text) and n_lines and not text.endswith(("\n", "\r")):
+        return n_lines, len(text) - starts[n_lines - 1] + 1
+    line = min(bisect_right(starts, offset) - 1, n_lines)
+    return line + 1, offset - starts[line] + 1
 
-    The deleted region runs from column 1 of the hunk's first old line to column 1 of the line
-    after its last one, so it includes that line's newline (a text region given by ``startLine``
-    and ``endLine`` alone stops before it: a missing ``endColumn`` means the end of the line,
-    newline excluded). When the last old line ends the file without a newline, the region ends
-    just past its last character instead. A pure insertion (no old lines; the diff's old start
-    names the line it follows) is the empty region ``startColumn == endColumn == 1`` on the line
-    it goes before. ``insertedContent`` holds the new lines with their own endings
-    (``"\\n".join(lines) + "\\n"`` for a file with LF endings); a pure deletion has none.
-    """
-    if hunk.old_lines:
-        first = hunk.old_start
-        last = first + len(hunk.old_lines) - 1
-        tail = hunk.old_lines[-1]
-        stripped = tail.rstrip("\r\n")
-        if stripped != tail:
-            end_line, end_column = last + 1, 1
-        else:
-            end_line, end_column = last, len(stripped) + 1
-        region = {"startLine": first, "startColumn": 1, "endLine": end_line,
-                  "endColumn": end_column}
-    else:
-        region = {"startLine": hunk.old_start + 1, "startColumn": 1, "endColumn": 1}
+
+def _replacement(edit: Edit, text: str, starts: list[int]) -> dict[str, Any]:
+    """One edit as a SARIF replacement: the deleted region runs from the edit's start to its
+    end (column 1 of the line after the last replaced line, so the newline is included); a
+    pure insertion is the empty region at its position. ``insertedContent`` holds the new
+    lines with their own line endings."""
+    start_line, start_column = _position(edit.start, text, starts)
+    end_line, end_column = _position(edit.end, text, starts)
+    region = {"startLine": start_line, "startColumn": start_column}
+    if end_line != start_line:
+        region["endLine"] = end_line
+    region["endColumn"] = end_column
     replacement: dict[str, Any] = {"deletedRegion": region}
-    if hunk.new_lines:
-        replacement["insertedContent"] = {"text": "".join(hunk.new_lines)}
+    if edit.replacement:
+        replacement["insertedContent"] = {"text": edit.replacement}
     return replacement
-
-
-def parse_unified_diff(diff: str) -> list[FilePatch]:
-    """The files and hunks of a unified diff with ``a/``/``b/`` paths, as the fixes write them.
-
-    Hunk bodies are read by their line counts, so removed lines that look like headers are safe;
-    a ``\\ No newline at end of file`` marker strips the newline the diff gave the line before it.
-    """
-    lines = _DIFF_LINE.findall(diff)
-    patches: list[FilePatch] = []
-    path: str | None = None
-    hunks: list[Hunk] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i].rstrip("\r\n")
-        i += 1
-        if line.startswith("--- "):
-            if path is not None:
-                patches.append(FilePatch(path, tuple(hunks)))
-            path, hunks = None, []
-        elif line.startswith("+++ "):
-            path = _strip_prefix(line[4:], "b/")
-        elif (header := _HUNK_HEADER.match(line)) is not None and path is not None:
-            old_count = int(header.group(2) or 1)
-            new_count = int(header.group(4) or 1)
-            hunk, i = _read_hunk(lines, i, int(header.group(1)), old_count, new_count)
-            hunks.append(hunk)
-    if path is not None:
-        patches.append(FilePatch(path, tuple(hunks)))
-    return patches
-
-
-def _read_hunk(
-    lines: list[str], i: int, old_start: int, old_count: int, new_count: int
-) -> tuple[Hunk, int]:
-    old: list[str] = []
-    new: list[str] = []
-    touched: list[list[str]] = []
-    while (len(old) < old_count or len(new) < new_count) and i < len(lines):
-        raw = lines[i]
-        i += 1
-        if raw.rstrip("\r\n") == _NO_NEWLINE:
-            _strip_last_newline(touched)
-            continue
-        tag, text = raw[:1], raw[1:]
-        if tag in ("\r", "\n"):  # an empty context line written without its leading space
-            tag, text = " ", raw
-        touched = [old] if tag == "-" else [new] if tag == "+" else [old, new]
-        for side in touched:
-            side.append(text)
-    if i < len(lines) and lines[i].rstrip("\r\n") == _NO_NEWLINE:
-        _strip_last_newline(touched)
-        i += 1
-    return Hunk(old_start, tuple(old), tuple(new)), i
-
-
-def _strip_last_newline(sides: list[list[str]]) -> None:
-    for side in sides:
-        if side:
-            side[-1] = side[-1].removesuffix("\n")
-
-
-def _strip_prefix(path: str, prefix: str) -> str:
-    path = path.split("\t", 1)[0]
-    return path[len(prefix):] if path.startswith(prefix) else path

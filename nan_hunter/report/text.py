@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.text import Text
 
-from nan_hunter.findings import Finding, Phase, Report, ScanTarget, Severity
+from nan_hunter.findings import Finding, Fix, Phase, Report, ScanTarget, Severity
 from nan_hunter.precision.formats import FloatFormat, format_for
 from nan_hunter.precision.gradients import scale_advice
 from nan_hunter.report.paths import display_path
@@ -139,15 +139,24 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
         at = f" at {display_path(where.file)}:{where.line}" if where else ""
         code = f"  {where.code}" if where else ""
         rows.append(("cause", f"{f.upstream.op}{at}{code}"))
+    if f.call_site is not None:
+        where = f"{display_path(f.call_site.file)}:{f.call_site.line}"
+        rows.append(("called at", f"{where}  {f.call_site.code}"))
     if f.fix is not None:
-        rows.append(("fix", f"{f.fix.title} [{_fix_status(f)}]"))
+        rows.append(("fix", f"{f.fix.title} [{_fix_status(f.fix)}]"))
         if f.fix.verified is not None and f.fix.remaining:
             rows.append(("after fix", "; ".join(f.fix.remaining)))
+        for alt in f.fix.alternatives:
+            rows.append(("or", f"{alt.title} [{_fix_status(alt)}]"))
+            if alt.verified is not None and alt.remaining:
+                rows.append(("after it", "; ".join(alt.remaining)))
     rows.extend(("also", note) for note in f.notes)
     _rows(console, rows)
-    if f.fix is not None and f.fix.diff:
-        console.print(Syntax(f.fix.diff.rstrip("\n"), "diff", theme="ansi_dark",
-                             background_color="default"), soft_wrap=True)
+    if f.fix is not None:
+        for diff in (f.fix.diff, *(alt.diff for alt in f.fix.alternatives)):
+            if diff:
+                console.print(Syntax(diff.rstrip("\n"), "diff", theme="ansi_dark",
+                                     background_color="default"), soft_wrap=True)
 
 
 def _hanging(console: Console, head: str, body: str) -> None:
@@ -195,14 +204,13 @@ def _wrapped(console: Console, head: Text, body: Text) -> None:
         console.print(Text.assemble(prefix, line), soft_wrap=True)
 
 
-def _fix_status(f: Finding) -> str:
-    fix = f.fix
-    assert fix is not None
+def _fix_status(fix: Fix) -> str:
     status = fix.applicability.value
     if fix.verified is True:
         return f"{status}, verified by re-scan"
     if fix.verified is False:
-        return f"{status}, NOT verified: the re-scan still has it"
+        failed = fix.remaining and fix.remaining[0].startswith("the re-scan failed")
+        return f"{status}, NOT verified: {'the re-scan failed' if failed else 'see after fix'}"
     if fix.diff is None:
         return f"{status}, advice only"
     return f"{status}, not verified"

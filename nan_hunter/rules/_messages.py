@@ -30,3 +30,17 @@ def upstream_site(c: Candidate) -> tuple[tuple[int, str, int], ...]:
     up = c.upstream.event
     assert up.location is not None
     return ((up.location.line, up.op, len(up.inputs)),)
+
+
+def rounded_region(c: Candidate) -> tuple[tuple[int, ...], tuple[tuple[int, str, int], ...]]:
+    """``(extra_lines, upcast_sites)`` taking the already-rounded upstream ops into the region
+    (``Candidate.rounded_chain``) together with the op's direct producers in its file."""
+    here = c.event.location
+    ops = {e.index: e for e in c.rounded_chain}
+    for p in c.input_producers:
+        if p.location is not None and here is not None and p.location.file == here.file:
+            ops.setdefault(p.index, p)
+    chain = [ops[i] for i in sorted(ops)]
+    lines = tuple(dict.fromkeys(e.location.line for e in chain if e.location))
+    sites = tuple((e.location.line, e.op, len(e.inputs)) for e in chain if e.location)
+    return lines, sites

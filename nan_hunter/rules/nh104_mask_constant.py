@@ -36,8 +36,9 @@ scores = scores.masked_fill(mask == 0, -1e9)  # FP16 scores: RuntimeError, or -i
 
 ## Fix
 Use the dtype's own limit, `torch.finfo(scores.dtype).min`, or a boolean mask with
-`F.scaled_dot_product_attention(..., attn_mask=mask)`. Display-only advice: the constant is the
-user's choice.
+`F.scaled_dot_product_attention(..., attn_mask=mask)`. The patch replaces the constant with
+`torch.finfo(<tensor>.dtype).min` (`.max` for a positive one), the limit of the tensor it meets.
+Safe: in FP32 a masked score of -3.4e38 and one of -1e9 give the same softmax.
 """
 
     def matches(self, c: Candidate) -> bool:
@@ -60,6 +61,10 @@ user's choice.
         )
 
     def fix(self, c: Candidate) -> FixPlan:
+        value = _too_large(c)[0]
+        limit = "min" if value < 0 else "max"
         return FixPlan(
-            title="Use torch.finfo(tensor.dtype).min (or a boolean mask) instead of the constant"
+            title=f"Use torch.finfo(tensor.dtype).{limit} instead of {format_number(value)}",
+            rewrite="finfo",
+            value=value,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nan_hunter.findings import Kind, Phase
-from nan_hunter.rules._messages import fp32_reach, output_damage
+from nan_hunter.rules._messages import fp32_reach, output_damage, rounded_region
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 
 TRANSCENDENTAL = frozenset(
@@ -62,4 +62,13 @@ Compute the op in FP32 (the patch wraps the statement in an autocast-disabled re
         )
 
     def fix(self, c: Candidate) -> FixPlan:
+        if c.own_inputs_finite is False:
+            # FP32 fails on the op's own rounded inputs: the region starts where they rounded
+            lines, sites = rounded_region(c)
+            return FixPlan(
+                title=f"Compute {c.event.op} and the ops that rounded its input in FP32",
+                region=True,
+                extra_lines=lines,
+                upcast_sites=sites,
+            )
         return FixPlan(title=f"Compute {c.event.op} in FP32 (autocast disabled)", region=True)

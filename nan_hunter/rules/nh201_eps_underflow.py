@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Kind, Phase
+from nan_hunter.findings import Applicability, Kind, Phase
 from nan_hunter.rules._messages import output_damage, upstream_site
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 from nan_hunter.trace.stats import format_number
+
+SAFE_EPS = "1e-4"
+"""An eps FP16 holds as a normal number (its smallest normal is 6.1e-5)."""
 
 
 def _vanishing_scalars(c: Candidate) -> list[float]:
@@ -38,9 +41,12 @@ y = x / denom                                 # 0 / 0 -> NaN where m == 0
 ```
 
 ## Fix
-Use an eps FP16 can hold (>= 6.1e-5, FP16's smallest normal: `1e-4`, or
-`torch.finfo(x.dtype).tiny`), or compute the guarded expression in FP32. The patch wraps the
-eps statement and the culprit in an autocast-disabled region with `.float()` operands. Safe.
+Compute the guarded expression in FP32, or use an eps FP16 can hold (>= 6.1e-5, FP16's smallest
+normal: `1e-4`, or `torch.finfo(x.dtype).tiny`). The patch wraps the eps statement and the
+culprit in an autocast-disabled region with `.float()` operands (safe: the FP32 numerics are
+kept); as an alternative it writes the eps as `1e-4` (unsafe: it changes the numerics, so only
+with `--unsafe-fixes`). When the true gradient of `x / eps` cannot fit FP16 (NH401 after the
+region), only the larger eps fixes the model.
 """
 
     def matches(self, c: Candidate) -> bool:
@@ -67,9 +73,24 @@ eps statement and the culprit in an autocast-disabled region with `.float()` ope
         same_file = where is not None and c.event.location is not None and (
             where.file == c.event.location.file
         )
+        eps = _vanishing_scalars(c)[0]
+        alternatives = ()
+        if same_file and where is not None:
+            alternatives = (
+                FixPlan(
+                    title=f"Use an eps {c.fmt.name} can hold: {SAFE_EPS} instead of "
+                    f"{format_number(eps)} (changes the numerics)",
+                    applicability=Applicability.UNSAFE,
+                    rewrite="scalar",
+                    rewrite_line=where.line,
+                    value=eps,
+                    literal=SAFE_EPS,
+                ),
+            )
         return FixPlan(
             title="Compute the eps-guarded expression in FP32 (autocast disabled)",
             region=True,
             extra_lines=(where.line,) if same_file and where is not None else (),
             upcast_sites=upstream_site(c) if same_file else (),
+            alternatives=alternatives,
         )

@@ -22,6 +22,25 @@ _DOMAIN_HINTS = {
 }
 
 
+_ADVICE = {
+    "ctc_loss": "An input sequence is too short for its target (infinite CTC loss): pass "
+    "zero_infinity=True to F.ctc_loss / nn.CTCLoss, or drop those samples",
+    "log": "Clamp the input: torch.log(x.clamp_min(eps)), or use log_softmax / logsigmoid",
+    "log2": "Clamp the input: torch.log2(x.clamp_min(eps))",
+    "log10": "Clamp the input: torch.log10(x.clamp_min(eps))",
+    "log1p": "Clamp the input above -1: torch.log1p(x.clamp_min(-1 + eps))",
+    "sqrt": "Clamp the input: torch.sqrt(x.clamp_min(0) + eps)",
+    "rsqrt": "Clamp the input: torch.rsqrt(x.clamp_min(eps))",
+    "truediv": "Guard the denominator: x / d.clamp_min(eps), or torch.where(d != 0, x / d, 0)",
+    "div": "Guard the denominator: x / d.clamp_min(eps), or torch.where(d != 0, x / d, 0)",
+    "reciprocal": "Guard the input: torch.reciprocal(x.clamp_min(eps))",
+    "acos": "Clamp the input into the domain: torch.acos(x.clamp(-1 + eps, 1 - eps))",
+    "asin": "Clamp the input into the domain: torch.asin(x.clamp(-1 + eps, 1 - eps))",
+    "pow": "Clamp the base before a fractional power: x.clamp_min(0) ** p",
+}
+"""Advice that fits the op, for a non-finite result that is a real bug."""
+
+
 def _operand(c: Candidate) -> str:
     """Name the operand that makes the op invalid, from the FP32 reference's inputs."""
     inputs = c.reference.inputs if c.reference is not None else c.event.inputs
@@ -84,5 +103,8 @@ of the data. nan-hunter suggests no autocast patch for this rule.
         )
 
     def fix(self, c: Candidate) -> FixPlan:
+        advice = _ADVICE.get(c.op_name)
+        if advice is not None:
+            return FixPlan(title=f"{advice}; no autocast fix")
         hint = _DOMAIN_HINTS.get(c.op_name, "an invalid operand")
-        return FixPlan(title=f"Guard the operand against {hint} (clamp or eps); no autocast fix")
+        return FixPlan(title=f"Guard the operand against {hint}; no autocast fix")

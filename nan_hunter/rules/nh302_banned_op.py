@@ -31,9 +31,11 @@ loss = nn.BCELoss()(probs, target)            # RuntimeError under CUDA autocast
 ```
 
 ## Fix
-Drop the sigmoid and use `F.binary_cross_entropy_with_logits(logits, target)` /
-`nn.BCEWithLogitsLoss()`, which autocast runs in FP32. Changes the model's interface, so review:
-display-only advice.
+Where the sigmoid is written inside the loss call (`F.binary_cross_entropy(torch.sigmoid(z), y)`,
+its only use is the loss), the patch drops it and uses `F.binary_cross_entropy_with_logits(z, y)`
+/ `nn.BCEWithLogitsLoss()`, which autocast runs in FP32: safe, the classic first fix. Where the
+probabilities come from elsewhere (the model's output, `sqrt(sigmoid(a) * sigmoid(b))`), the patch
+runs the BCE call in an FP32 region (autocast disabled, `.float()` input), as CUDA allows: safe.
 """
 
     def matches(self, c: Candidate) -> bool:
@@ -48,5 +50,10 @@ display-only advice.
     def fix(self, c: Candidate) -> FixPlan:
         return FixPlan(
             title="Remove the sigmoid and use binary_cross_entropy_with_logits / "
-            "nn.BCEWithLogitsLoss on the logits"
+            "nn.BCEWithLogitsLoss on the logits",
+            rewrite="bce_logits",
+            fallback=FixPlan(
+                title="Compute the binary cross-entropy in FP32 (autocast disabled)",
+                region=True,
+            ),
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nan_hunter.findings import Kind
-from nan_hunter.rules._messages import fp32_reach, output_damage
+from nan_hunter.rules._messages import fp32_reach, output_damage, rounded_region
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 
 
@@ -48,17 +48,11 @@ Compute the op in FP32 (the patch wraps the statement in an autocast-disabled re
         if c.own_inputs_finite is False:
             # Even FP32 fails on the op's own FP16 inputs: the precision was lost upstream, so
             # the ops that made those inputs go into the FP32 region too.
-            here = c.event.location
-            producers = [
-                p for p in c.input_producers
-                if p.location is not None and here is not None and p.location.file == here.file
-            ]
+            lines, sites = rounded_region(c)
             return FixPlan(
                 title=f"Compute {c.event.op} and the ops feeding it in FP32 (autocast disabled)",
                 region=True,
-                extra_lines=tuple(p.location.line for p in producers if p.location),
-                upcast_sites=tuple(
-                    (p.location.line, p.op, len(p.inputs)) for p in producers if p.location
-                ),
+                extra_lines=lines,
+                upcast_sites=sites,
             )
         return FixPlan(title=f"Compute {c.event.op} in FP32 (autocast disabled)", region=True)

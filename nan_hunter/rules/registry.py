@@ -37,6 +37,20 @@ class FixPlan:
     extra_lines: tuple[int, ...] = ()
     upcast_sites: tuple[tuple[int, str, int], ...] = ()
     """Further ``(line, op, n_operands)`` ops in the region whose operands need ``.float()``."""
+    applicability: Applicability = Applicability.SAFE
+    """How safe the edit is, as the rule judges it (display-only when no edit can be made)."""
+    rewrite: str = ""
+    """A one-token rewrite instead of a region (``nan_hunter.fixes.rewrites``): ``"finfo"``
+    (a constant -> the dtype's limit), ``"bce_logits"`` (sigmoid + BCE -> with-logits),
+    ``"scalar"`` (the number ``value`` -> ``literal``)."""
+    rewrite_line: int = 0
+    """The line of the rewrite in the culprit's file (0: the culprit's line)."""
+    value: float = 0.0
+    literal: str = ""
+    fallback: FixPlan | None = None
+    """The plan to use when this one's edit cannot be made."""
+    alternatives: tuple[FixPlan, ...] = ()
+    """Further fixes, usually less safe, offered with this one."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,12 @@ class Candidate:
     """The loss scale the backward ran with."""
     input_producers: tuple[OpEvent, ...] = ()
     """The ops that produced this op's inputs (forward only)."""
+    out_of_range_consumers: tuple[OpEvent, ...] = ()
+    """Ops after this one (same file) whose FP32 values are still beyond the format's range,
+    and the first that brings them back: where a half-mode region must end."""
+    rounded_chain: tuple[OpEvent, ...] = ()
+    """When FP32 fails on the op's own low-precision inputs: the ops upstream, in the same
+    file, whose results were rounded to the low-precision format (the region grows to them)."""
     contained: bool = False
     """The non-finite values only reach integer/boolean results: harmless to training."""
 
@@ -137,7 +157,7 @@ def advice_finding(
         location=event.location,
         origin=False,
         message=message,
-        fix=Fix(fix_title, Applicability.DISPLAY_ONLY, None) if fix_title else None,
+        fix=Fix(fix_title, Applicability.DISPLAY_ONLY) if fix_title else None,
         inputs=event.inputs if stats else (),
         outputs=event.outputs if stats else (),
         op_index=event.index,

@@ -37,6 +37,9 @@ class OpEvent:
     failure: PolicyFailure | None = None
     """The op failed the way CUDA fails (banned under autocast, FP16 linear algebra); the scan
     went on with the op run in FP32."""
+    call_site: SourceLocation | None = None
+    """When ``location`` is in an installed library (site-packages, the standard library): the
+    nearest frame outside it, in the user's project, where a fix can go."""
 
     @cached_property
     def inputs_finite(self) -> bool:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as _functional
 
 from nan_hunter.findings import SourceLocation
+from nan_hunter.fixes.project import is_installed
 
 _TORCH_ROOT = str(Path(torch.__file__).resolve().parent) + "/"
 _OWN_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
@@ -74,6 +75,20 @@ def user_frame(start: FrameType) -> tuple[FrameType | None, bool]:
             innermost_torch = frame
         frame = frame.f_back
     return innermost_torch, False
+
+
+def project_frame(frame: FrameType) -> FrameType | None:
+    """The nearest frame outward from ``frame`` (an installed library's) that runs the user's
+    own project code: not torch, not nan_hunter, not an installed package."""
+    outer = frame.f_back
+    while outer is not None:
+        filename = outer.f_code.co_filename
+        if frame_origin(filename) == "own":
+            return None
+        if frame_origin(filename) == "user" and not is_installed(filename):
+            return outer
+        outer = outer.f_back
+    return None
 
 
 def location_of(frame: FrameType) -> SourceLocation:

@@ -24,11 +24,12 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from nan_hunter._nest import leaves, output_leaves
+from nan_hunter.fixes.project import is_installed
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import call_site_name, location_of, user_frame
+from nan_hunter.trace.source import call_site_name, location_of, project_frame, user_frame
 from nan_hunter.trace.stats import TensorStats, tensor_stats
 
 # Ops that only re-view or re-label their input: no arithmetic, so nothing to check.
@@ -148,6 +149,10 @@ class OpTracer(TorchFunctionMode):
     ) -> None:
         frame, in_user_code = user_frame(sys._getframe(2))
         location = location_of(frame) if frame is not None else None
+        call_site = None
+        if frame is not None and in_user_code and is_installed(frame.f_code.co_filename):
+            outer = project_frame(frame)
+            call_site = location_of(outer) if outer is not None else None
         op = call_site_name(func, frame if in_user_code else None)
         index = len(self.events)
         out_stats = []
@@ -172,6 +177,7 @@ class OpTracer(TorchFunctionMode):
             in_loss=self.in_loss,
             autocast=any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
             failure=failure,
+            call_site=call_site,
         )
         self.events.append(event)
         if self.first_origin_call is None and event.inputs_finite and not event.outputs_finite:

@@ -1,0 +1,117 @@
+"""From a rule's ``FixPlan`` to a ``Fix``: edits on the user's files, rendered once as a diff.
+
+The rule chooses the template and the applicability; this module turns the plan into edits
+(an FP32 region around the culprit statement, or the one-token rewrites a rule asks for) and
+renders them relative to the project root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from nan_hunter.findings import Applicability, Edit, Fix, SourceLocation
+from nan_hunter.fixes.autocast_region import build_autocast_region_patch
+from nan_hunter.fixes.edits import edits_between, render_diff
+from nan_hunter.fixes.project import project_root
+from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
+from nan_hunter.fixes.source import read_source
+from nan_hunter.rules.registry import Candidate, FixPlan
+
+
+def make_fix(
+    title: str, applicability: Applicability, edits: tuple[Edit, ...], root: Path
+) -> Fix:
+    """A fix whose diff is rendered from ``edits`` (display-only when there are none)."""
+    if not edits:
+        return Fix(title=title, applicability=Applicability.DISPLAY_ONLY)
+    return Fix(title=title, applicability=applicability, edits=edits,
+               diff=render_diff(edits, root))
+
+
+def build_fix(
+    c: Candidate,
+    plan: FixPlan,
+    *,
+    device: str,
+    site: SourceLocation | None,
+    half_dtype: str | None = None,
+) -> Fix:
+    """The fix for one finding. ``site`` is where the edit goes: the op's own line in the
+    user's project, or the call site in it when the op ran inside an installed library. A plan
+    whose edit cannot be made falls back to ``plan.fallback``; ``plan.alternatives`` whose
+    edits can be made become the fix's alternatives."""
+    fix = _build(c, plan, device, site, half_dtype)
+    if not fix.edits and plan.fallback is not None:
+        fix = _build(c, plan.fallback, device, site, half_dtype)
+    alternatives = tuple(
+        alt for p in plan.alternatives if (alt := _build(c, p, device, site, half_dtype)).edits
+    )
+    if plan.region and fix.edits:
+        # The same region grown to the statements producing its inputs: when the gradient
+        # that the region sends back into an FP16 producer overflows (NH401 at the dtype
+        # boundary), this is the fix; verification picks it when the narrow one fails.
+        grown = _build(c, plan, device, site, half_dtype, grow=True)
+        if grown.edits and grown.edits != fix.edits:
+            title = f"{grown.title}, with the statements producing its inputs"
+            alternatives = (replace(grown, title=title), *alternatives)
+    return replace(fix, alternatives=alternatives) if alternatives else fix
+
+
+_REWRITES = {
+    "finfo": lambda path, line, plan: finfo_limit(path, line, plan.value),
+    "bce_logits": lambda path, line, plan: bce_with_logits(path, line),
+    "scalar": lambda path, line, plan: scalar_literal(path, line, plan.value, plan.literal),
+}
+
+
+def _build(
+    c: Candidate,
+    plan: FixPlan,
+    device: str,
+    site: SourceLocation | None,
+    half_dtype: str | None,
+    grow: bool = False,
+) -> Fix:
+    if site is not None and plan.rewrite:
+        path = Path(site.file)
+        new_text = _REWRITES[plan.rewrite](path, plan.rewrite_line or site.line, plan)
+        if new_text is None:
+            return Fix(title=plan.title, applicability=Applicability.DISPLAY_ONLY)
+        edits = edits_between(path, read_source(path).text, new_text)
+        return make_fix(plan.title, plan.applicability, edits, project_root(path))
+    if site is None or not plan.region or not c.ref_finite:
+        return Fix(title=plan.title, applicability=Applicability.DISPLAY_ONLY)
+    path = Path(site.file)
+    root = project_root(path)
+    in_library = site is not c.event.location
+    patch = build_autocast_region_patch(
+        path,
+        site.line,
+        c.event.op if not in_library else "<call>",
+        len(c.event.inputs) if not in_library else 0,
+        producer_lines=() if in_library else plan.extra_lines,
+        device_type=device,
+        relative_to=root,
+        upcast_sites=() if in_library else plan.upcast_sites,
+        fp32_operands=frozenset(
+            i for i, s in enumerate(c.event.inputs) if s.dtype == "float32" and not in_library
+        ),
+        consumer_lines=_consumer_lines(c, path) if half_dtype and not in_library else (),
+        cast_back=half_dtype,
+        grow_to_producers=grow,
+    )
+    if patch is None:
+        return Fix(title=plan.title, applicability=Applicability.DISPLAY_ONLY)
+    title = plan.title
+    if half_dtype is not None:
+        title = title.replace("(autocast disabled)", f"(FP32 inputs, results cast back to "
+                              f"{half_dtype.removeprefix('torch.')})")
+    return make_fix(title, plan.applicability, patch.edits, root)
+
+
+def _consumer_lines(c: Candidate, path: Path) -> tuple[int, ...]:
+    return tuple(
+        e.location.line for e in c.out_of_range_consumers
+        if e.location is not None and Path(e.location.file) == path
+    )

@@ -1,0 +1,61 @@
+"""The user's project: its root folder, and whether a file belongs to it.
+
+Patch paths are relative to the project root (the git top level when there is one, else the
+working directory), so that ``git apply`` and ``patch -p1`` take them from there. Files of
+installed packages, the standard library and torch are never the project's, even when a
+virtual environment lives inside the project folder.
+"""
+
+from __future__ import annotations
+
+import site
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+
+def project_root(file: Path, cwd: Path | None = None) -> Path:
+    """The git top level above ``file``; else ``cwd`` when ``file`` is below it; else the
+    file's own folder."""
+    file = file.resolve()
+    for folder in file.parents:
+        if (folder / ".git").exists():
+            return folder
+    here = (cwd or Path.cwd()).resolve()
+    if file.is_relative_to(here):
+        return here
+    return file.parent
+
+
+@lru_cache(maxsize=1)
+def _installed_roots() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    paths.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else None)
+    roots = {str(Path(p).resolve()) for p in paths if p}
+    return tuple(sorted(roots))
+
+
+@lru_cache(maxsize=8192)
+def is_installed(file: str) -> bool:
+    """``file`` belongs to the interpreter, the standard library or an installed package
+    (``site-packages``), not to a user's project."""
+    if file.startswith("<"):
+        return True
+    try:
+        resolved = str(Path(file).resolve())
+    except OSError:
+        return False
+    if "site-packages" in Path(resolved).parts or "dist-packages" in Path(resolved).parts:
+        return True
+    roots = _installed_roots()
+    return any(resolved == r or resolved.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def in_project(file: str, root: Path) -> bool:
+    if is_installed(file):
+        return False
+    try:
+        return Path(file).resolve().is_relative_to(root.resolve())
+    except OSError:
+        return False

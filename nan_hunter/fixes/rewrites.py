@@ -1,0 +1,210 @@
+"""One-token rewrites a rule can ask for, made on the concrete source text.
+
+Each function finds its target with ``ast`` on the culprit's line, replaces exactly that span
+of the decoded text (comments, formatting, encoding and line endings elsewhere stay), checks
+that the result compiles and returns the whole new text, or ``None`` when the rewrite cannot be
+made safely.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from nan_hunter.fixes.source import SourceError, read_source, split_lines
+
+_SIGMOIDS = frozenset({"sigmoid"})
+
+
+class _Text:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.starts = [0]
+        for line in split_lines(text):
+            self.starts.append(self.starts[-1] + len(line))
+
+    def offset(self, line: int, byte_col: int) -> int:
+        start = self.starts[line - 1]
+        raw = self.text[start : self.starts[line]].encode("utf-8")[:byte_col]
+        return start + len(raw.decode("utf-8", errors="ignore"))
+
+    def span(self, node: ast.expr) -> tuple[int, int]:
+        assert node.end_lineno is not None and node.end_col_offset is not None
+        return (
+            self.offset(node.lineno, node.col_offset),
+            self.offset(node.end_lineno, node.end_col_offset),
+        )
+
+    def segment(self, node: ast.expr) -> str:
+        start, end = self.span(node)
+        return self.text[start:end]
+
+
+def _parse(path: Path) -> tuple[str, ast.Module, _Text] | None:
+    try:
+        text = read_source(path).text
+        tree = ast.parse(text)
+    except (SourceError, SyntaxError, ValueError):
+        return None
+    return text, tree, _Text(text)
+
+
+def _compiles(text: str) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(text, "<patched>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            return False
+    return True
+
+
+def _replace(text: str, spans: list[tuple[int, int, str]]) -> str | None:
+    for start, end, new in sorted(spans, reverse=True):
+        text = text[:start] + new + text[end:]
+    return text if _compiles(text) else None
+
+
+def _on_line(tree: ast.Module, line: int) -> Iterator[ast.AST]:
+    for node in ast.walk(tree):
+        start, end = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+        if start is not None and end is not None and start <= line <= end:
+            yield node
+
+
+def _constant_value(node: ast.AST) -> float | None:
+    """The value of ``-1e9``, ``1e-8``, ``float("-inf")``; None for anything else."""
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _constant_value(node.operand)
+        if inner is None:
+            return None
+        return -inner if isinstance(node.op, ast.USub) else inner
+    if (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "float" and len(node.args) == 1
+        and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+    ):
+        try:
+            return float(node.args[0].value)
+        except ValueError:
+            return None
+    return None
+
+
+def _same(a: float, b: float) -> bool:
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0)
+
+
+def _binds_torch(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Import) and any(a.name == "torch" and a.asname in (None, "torch")
+                                             for a in node.names)
+        for node in tree.body
+    )
+
+
+def finfo_limit(path: Path, line: int, value: float) -> str | None:
+    """``masked_fill(mask, -1e9)`` -> ``masked_fill(mask, torch.finfo(scores.dtype).min)``:
+    the constant on ``line`` equal to ``value`` becomes the limit of the tensor it meets (the
+    receiver of a method call, the first argument of a function, the other operand)."""
+    parsed = _parse(path)
+    if parsed is None:
+        return None
+    text, tree, source = parsed
+    if not _binds_torch(tree):
+        return None
+    limit = "min" if value < 0 else "max"
+    for node in _on_line(tree, line):
+        tensor: ast.expr | None = None
+        constant: ast.expr | None = None
+        if isinstance(node, ast.Call):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                found = _constant_value(arg)
+                if found is not None and _same(found, value):
+                    constant = arg
+            if constant is not None and isinstance(node.func, ast.Attribute):
+                is_torch = isinstance(node.func.value, ast.Name) and node.func.value.id in (
+                    "torch", "F"
+                )
+                tensor = node.args[0] if is_torch and node.args else node.func.value
+        elif isinstance(node, ast.BinOp):
+            for this, other in ((node.left, node.right), (node.right, node.left)):
+                found = _constant_value(this)
+                if found is not None and _same(found, value):
+                    constant, tensor = this, other
+        if constant is not None and tensor is not None:
+            start, end = source.span(constant)
+            new = f"torch.finfo({source.segment(tensor)}.dtype).{limit}"
+            return _replace(text, [(start, end, new)])
+    return None
+
+
+def scalar_literal(path: Path, line: int, value: float, new_literal: str) -> str | None:
+    """The number equal to ``value`` on ``line`` (an eps) written as ``new_literal``."""
+    parsed = _parse(path)
+    if parsed is None:
+        return None
+    text, tree, source = parsed
+    for node in _on_line(tree, line):
+        if isinstance(node, ast.Constant) and type(node.value) is float and _same(
+            node.value, value
+        ):
+            start, end = source.span(node)
+            return _replace(text, [(start, end, new_literal)])
+    return None
+
+
+def bce_with_logits(path: Path, line: int) -> str | None:
+    """``binary_cross_entropy(torch.sigmoid(z), y)`` -> ``binary_cross_entropy_with_logits(z,
+    y)`` and ``nn.BCELoss()(torch.sigmoid(z), y)`` -> ``nn.BCEWithLogitsLoss()(z, y)``, when
+    the sigmoid is written in the call itself (its only use is the loss)."""
+    parsed = _parse(path)
+    if parsed is None:
+        return None
+    text, tree, source = parsed
+    for node in _on_line(tree, line):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        inner = node.args[0]
+        if not (
+            isinstance(inner, ast.Call)
+            and _last_name(inner.func) in _SIGMOIDS
+            and (len(inner.args) == 1 or isinstance(inner.func, ast.Attribute))
+        ):
+            continue
+        logits = inner.args[0] if inner.args else (
+            inner.func.value if isinstance(inner.func, ast.Attribute) else None
+        )
+        if logits is None or inner.keywords:
+            continue
+        func = node.func
+        spans: list[tuple[int, int, str]] = []
+        if _last_name(func) == "binary_cross_entropy":
+            assert isinstance(func, (ast.Attribute, ast.Name))
+            start, end = source.span(func)
+            spans.append((start, end, source.segment(func) + "_with_logits"))
+        elif isinstance(func, ast.Call) and _last_name(func.func) == "BCELoss":
+            start, end = source.span(func.func)
+            name = source.segment(func.func)
+            spans.append((start, end, name[: -len("BCELoss")] + "BCEWithLogitsLoss"))
+        else:
+            continue
+        start, end = source.span(inner)
+        spans.append((start, end, source.segment(logits)))
+        return _replace(text, spans)
+    return None
+
+
+def _last_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None

@@ -1,0 +1,300 @@
+"""Verification that can't be fooled: re-scan the project with the fix applied, and compare.
+
+The patched files are overlaid on the user's project: a temporary tree mirrors the project
+root with symbolic links, except the folders leading to the patched files and the entry file,
+which are real. The *original entry file* is re-scanned from there, so packages, relative
+imports, ``Path(__file__)`` data files and lazy sibling imports keep working; modules the first
+scan imported from the project are set aside for the re-scan and put back after it.
+
+A fix is verified only when the re-scan has no error at the same op and module whose location
+maps, through the edits' line map, into an edited region, and no error the original scan did
+not have (compared through the same map, never by finding code). What remains is listed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from nan_hunter.errors import NanHunterError
+from nan_hunter.findings import Finding, Fix, Report, SourceLocation
+from nan_hunter.fixes.edits import PatchedFile, patch_files
+from nan_hunter.fixes.project import is_installed, project_root
+from nan_hunter.progress import announce
+
+Rescan = Callable[[Path], Report]
+"""Scans an entry file with the options of the original scan (without verifying)."""
+
+_OWN_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verified: bool
+    remaining: tuple[str, ...]
+
+
+def verify_fixes(report: Report, rescan: Rescan, entry: Path) -> Report:
+    """``report`` with ``verified`` and ``remaining`` set on every fix with edits (the fix of
+    each finding and its alternatives)."""
+    cache: dict[tuple[object, ...], Verdict] = {}
+    findings = []
+    for finding in report.findings:
+        fix = finding.fix
+        suppressed = finding.suppression is not None
+        if fix is not None and (fix.edits or fix.alternatives) and not suppressed:
+            fix = _verified(fix, finding, report, rescan, entry, cache)
+            finding = replace(finding, fix=fix)
+        findings.append(finding)
+    return replace(report, findings=tuple(findings))
+
+
+def _verified(
+    fix: Fix,
+    finding: Finding,
+    report: Report,
+    rescan: Rescan,
+    entry: Path,
+    cache: dict[tuple[object, ...], Verdict],
+) -> Fix:
+    verdict = None
+    if fix.edits:
+        key = (frozenset(fix.edits), finding.op, finding.module)
+        if key not in cache:
+            cache[key] = verify_fix(fix, finding, report, rescan, entry)
+        verdict = cache[key]
+        fix = replace(fix, verified=verdict.verified, remaining=verdict.remaining)
+    if verdict is not None and verdict.verified:
+        # Alternatives are only for a fix that is not verified: none are tried or shown.
+        return replace(fix, alternatives=())
+    alternatives = tuple(
+        _verified(alt, finding, report, rescan, entry, cache) for alt in fix.alternatives
+    )
+    return replace(fix, alternatives=alternatives)
+
+
+def verify_fix(
+    fix: Fix, finding: Finding, report: Report, rescan: Rescan, entry: Path
+) -> Verdict:
+    """Re-scan ``entry``'s project with ``fix`` applied and judge the result."""
+    try:
+        patched = patch_files(fix.edits)
+        root = project_root(entry)
+        announce("verifying a fix: re-scan of a patched copy")
+        with overlay(root, patched, entry) as (shadow_entry, back):
+            after = rescan(shadow_entry)
+        after = _mapped_back(after, back)
+    except (NanHunterError, OSError) as exc:
+        return Verdict(False, (f"the re-scan failed: {exc}",))
+    return judge(finding, report, after, patched)
+
+
+def judge(
+    finding: Finding, before: Report, after: Report, patched: dict[Path, PatchedFile]
+) -> Verdict:
+    """Verified when no re-scan error is the fixed op inside an edited region, and every
+    re-scan error is one the original scan had at the same op, module and original line."""
+    old_errors = [f for f in before.findings if f.is_error]
+    remaining: list[str] = []
+    verified = True
+    for g in (f for f in after.findings if f.is_error):
+        place = _original_place(g.location, patched)
+        edited = place is not None and place[3]
+        if (edited and (g.op, g.module) == (finding.op, finding.module)) or _same_site(
+            finding, g, place
+        ):
+            verified = False
+            remaining.append(f"{_describe(g)} (the fixed op still fails)")
+        elif any(_same_site(h, g, place) for h in old_errors if h is not finding):
+            remaining.append(f"{_describe(g)} (was there before)")
+        else:
+            verified = False
+            remaining.append(f"{_describe(g)} (new: the original scan did not have it)")
+    changed = loss_change(before, after)
+    if changed is not None:
+        verified = False
+        remaining.append(changed)
+    return Verdict(verified, tuple(remaining))
+
+
+LOSS_RTOL = 0.05
+"""How far the patched model's loss may be from the original's FP32 loss (relative)."""
+
+
+def loss_change(before: Report, after: Report) -> str | None:
+    """Why the patched model does not compute what the original computes in FP32, or None.
+
+    A fix keeps the model's FP32 semantics, so the re-scan's loss (in low precision, now
+    finite) must be close to the original model's FP32 reference loss; a patch that makes the
+    error go away by computing something else (zeros, a detached branch) is caught here."""
+    ref, got = before.reference_loss, after.loss
+    if ref is None or got is None or not ref.finite or ref.max is None:
+        return None
+    if not got.finite or got.max is None:
+        return "the loss is not finite after the fix"
+    scale = max(abs(ref.max), 1e-3)
+    if abs(got.max - ref.max) > LOSS_RTOL * scale:
+        return (
+            f"the loss changed: {got.max:.6g} after the fix, {ref.max:.6g} in FP32 before it "
+            "(the patch changes what the model computes)"
+        )
+    return None
+
+
+def _original_place(
+    location: SourceLocation | None, patched: dict[Path, PatchedFile]
+) -> tuple[str, int, int, bool] | None:
+    """``(file, first, last, edited)``: the original lines a re-scan location came from."""
+    if location is None:
+        return None
+    file = _resolved(location.file)
+    match = next((p for p in patched if _resolved(str(p)) == file), None)
+    if match is None:
+        return file, location.line, location.line, False
+    origin = patched[match].line_map.origin(location.line)
+    if origin is None:
+        return file, location.line, location.line, False
+    return file, *origin
+
+
+def _same_site(
+    old: Finding, new: Finding, place: tuple[str, int, int, bool] | None
+) -> bool:
+    if (old.op, old.module, old.phase) != (new.op, new.module, new.phase):
+        return False
+    if old.location is None or place is None:
+        return old.location is None and place is None and old.code == new.code
+    file, first, last, _ = place
+    return _resolved(old.location.file) == file and first <= old.location.line <= last
+
+
+def _resolved(file: str) -> str:
+    try:
+        return str(Path(file).resolve())
+    except OSError:
+        return file
+
+
+def _describe(f: Finding) -> str:
+    where = f" at line {f.location.line}" if f.location else ""
+    return f"{f.code} {f.op or f.kind.value}{where}"
+
+
+# --- the overlay -------------------------------------------------------------------------------
+
+
+@contextmanager
+def overlay(
+    root: Path, patched: dict[Path, PatchedFile], entry: Path
+) -> Iterator[tuple[Path, Callable[[str], str]]]:
+    """A temporary mirror of ``root`` with the patched files written in; yields the entry
+    file's path in it and a function mapping a path in the mirror back to the project."""
+    root = root.resolve()
+    files: dict[Path, bytes] = {}
+    for path, p in patched.items():
+        files[path.resolve()] = p.source.encode(p.new_text)
+    entry = entry.resolve()
+    if entry not in files:
+        files[entry] = entry.read_bytes()
+    for path in files:
+        if not path.is_relative_to(root):
+            raise NanHunterError(f"{path} is outside the project root {root}")
+    folder = Path(tempfile.mkdtemp(prefix="nan-hunter-verify-"))
+    shadow = folder / root.name
+    try:
+        _mirror(root, shadow, files)
+
+        def back(file: str) -> str:
+            try:
+                return str(root / Path(file).relative_to(shadow))
+            except ValueError:
+                return file
+
+        with _project_modules_set_aside(root, shadow):
+            yield shadow / entry.relative_to(root), back
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _mirror(root: Path, shadow: Path, files: dict[Path, bytes]) -> None:
+    real = {root}
+    for path in files:
+        real.update(p for p in path.parents if p.is_relative_to(root))
+    for folder in sorted(real, key=lambda p: len(p.parts)):
+        target = shadow / folder.relative_to(root)
+        target.mkdir(parents=True, exist_ok=True)
+        for child in folder.iterdir():
+            if child in real or child in files:
+                continue
+            os.symlink(child, target / child.name, target_is_directory=child.is_dir())
+    for path, data in files.items():
+        (shadow / path.relative_to(root)).write_bytes(data)
+
+
+@contextmanager
+def _project_modules_set_aside(root: Path, shadow: Path) -> Iterator[None]:
+    """During the re-scan: the project's modules are not in ``sys.modules`` (so the overlay's
+    are imported), and ``sys.path`` entries inside the project point into the mirror. After
+    it, the modules imported from the mirror go and the project's come back; any other module
+    the re-scan imported for the first time (a lazily imported part of torch) stays."""
+    saved_path = list(sys.path)
+    saved_bytecode = sys.dont_write_bytecode
+    set_aside: dict[str, object] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and _is_project_file(file, root):
+            set_aside[name] = sys.modules.pop(name)
+    sys.path[:] = [_into(entry, root, shadow) for entry in sys.path]
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None)
+            if name in set_aside or (file and _under(file, shadow)):
+                del sys.modules[name]
+        sys.modules.update(set_aside)  # type: ignore[arg-type]
+        sys.path[:] = saved_path
+        sys.dont_write_bytecode = saved_bytecode
+
+
+def _under(file: str, folder: Path) -> bool:
+    return os.path.abspath(file).startswith(str(folder) + os.sep)
+
+
+def _is_project_file(file: str, root: Path) -> bool:
+    try:
+        path = Path(file).resolve()
+    except OSError:
+        return False
+    return (
+        path.is_relative_to(root)
+        and not path.is_relative_to(_OWN_PACKAGE)
+        and not is_installed(str(path))
+    )
+
+
+def _into(entry: str, root: Path, shadow: Path) -> str:
+    try:
+        path = Path(entry or ".").resolve()
+    except OSError:
+        return entry
+    if path.is_relative_to(root) and not is_installed(str(path)):
+        return str(shadow / path.relative_to(root))
+    return entry
+
+
+def _mapped_back(report: Report, back: Callable[[str], str]) -> Report:
+    def loc(location: SourceLocation | None) -> SourceLocation | None:
+        return None if location is None else replace(location, file=back(location.file))
+
+    findings = tuple(
+        replace(f, location=loc(f.location), call_site=loc(f.call_site)) for f in report.findings
+    )
+    return replace(report, findings=findings)

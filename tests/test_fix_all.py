@@ -1,0 +1,93 @@
+"""--fix-all on every fixture and example with a precision culprit, in autocast and half mode:
+it ends clean, and the whole change it made is a golden diff per template. It converges or
+says why, and identical fixes are applied once."""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nan_hunter.api import scan_file
+from nan_hunter.cli import app
+from nan_hunter.config import load_settings
+from nan_hunter.fixes.select import select_fixes
+from tests.conftest import EXAMPLES, FIXTURES, GOLDEN
+
+runner = CliRunner()
+
+CASES = [
+    # (model, mode, extra options, template)
+    (EXAMPLES / "matrix_inverse.py", "autocast", (), "region with the producer"),
+    (EXAMPLES / "attention_unscaled.py", "autocast", (), "region"),
+    (FIXTURES / "fx_inverse_boundary.py", "autocast", (), "region grown to the FP16 producer"),
+    (FIXTURES / "fx_log1p_clamp.py", "autocast", (), "region from the rounded values"),
+    (FIXTURES / "fx_flush_log.py", "autocast", (), "region from the flushed values"),
+    (FIXTURES / "fx_eps_underflow.py", "autocast", ("--unsafe-fixes",), "eps FP16 can hold"),
+    (FIXTURES / "fx_mask_constant.py", "autocast", (), "finfo limit"),
+    (FIXTURES / "fx_bce_logits.py", "autocast", (), "with-logits"),
+    (FIXTURES / "fx_bce_banned.py", "autocast", (), "BCE in an FP32 region"),
+    (EXAMPLES / "attention_unscaled.py", "half", (), "half: upcast, cast back"),
+    (FIXTURES / "fx_half_exp.py", "half", (), "half: upcast"),
+    (FIXTURES / "fx_log1p_clamp.py", "half", (), "half: from the rounded values"),
+    (FIXTURES / "fx_atanh_rounding.py", "half", (), "half: module result upcast"),
+    (FIXTURES / "fx_eps_underflow.py", "half", ("--unsafe-fixes",), "half: eps"),
+]
+
+
+def _diff(old: str, new: str, name: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{name}", f"b/{name}"
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "mode", "options", "template"), CASES,
+    ids=[f"{m.stem}-{mode}" for m, mode, _, _ in CASES],
+)
+def test_fix_all_ends_clean_with_the_template(
+    model: Path, mode: str, options: tuple[str, ...], template: str, tmp_path: Path,
+    update_golden: bool,
+) -> None:
+    path = tmp_path / model.name
+    shutil.copy(model, path)
+    result = runner.invoke(
+        app, ["scan", str(path), "--fix-all", "--no-backup", "--mode", mode, *options]
+    )
+    assert result.exit_code == 0, (template, result.stderr, result.stdout)
+    assert "round 1: fixed" in result.stderr
+    assert scan_file(str(path), load_settings(overrides={"mode": mode}), verify=False).errors == 0
+    diff = _diff(model.read_text(), path.read_text(), model.name)
+    golden = GOLDEN / "fix_all" / f"{model.stem}.{mode}.diff"
+    if update_golden:
+        golden.write_text(diff)
+    assert diff == golden.read_text(), template
+
+
+def test_fix_all_says_why_it_stops_and_writes_nothing_unverified(tmp_path: Path) -> None:
+    path = tmp_path / "fx_eps_underflow.py"
+    shutil.copy(FIXTURES / "fx_eps_underflow.py", path)
+    before = path.read_bytes()
+    result = runner.invoke(app, ["scan", str(path), "--fix-all"])
+    assert result.exit_code == 1
+    assert (
+        "--fix-all stopped: no fix left to apply (NH201: not verified: NH401 Tensor.float at "
+        "line 30 (new: the original scan did not have it); an unsafe fix is available "
+        "(use --unsafe-fixes))"
+    ) in result.stderr
+    assert path.read_bytes() == before
+    assert not (tmp_path / "fx_eps_underflow.py.orig").exists()
+
+
+def test_identical_fixes_are_selected_once() -> None:
+    report = scan_file(str(EXAMPLES / "matrix_inverse.py"), verify=False)
+    twice = replace(report, findings=(report.findings[0], report.findings[0]))
+    selection = select_fixes(twice)
+    assert len(selection.chosen) == 2
+    assert selection.edits == report.findings[0].fix.edits  # type: ignore[union-attr]
