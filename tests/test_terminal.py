@@ -119,6 +119,8 @@ def test_scan_announces_its_passes() -> None:
         "FP32 reference pass",
         "verifying a fix: re-scan of a patched copy",  # scan_file verifies the fix
         "float16 autocast pass + backward",
+        "unscaled backward for the loss-scale window",  # the fixed model's backward runs
+        "backward at GradScaler's backed-off 2**10",
     ]
 
 
