@@ -8,6 +8,7 @@ so the user's ``.grad`` fields are never written in the first place.
 from __future__ import annotations
 
 import contextlib
+import gc
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from nan_hunter._nest import output_leaves
 from nan_hunter.errors import UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord
+from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import frame_origin
@@ -165,12 +167,89 @@ def run_pass(
     and backward (the FP16 emulation); ``half`` runs model and batch in ``fmt``'s dtype. The
     backward starts from ``loss * grad_scale``, as ``GradScaler.scale(loss)`` does; ``gradients``
     is the log ``numerics`` fills during it (per-parameter underflow is read from it).
+
+    Statistics are read back in batches; if the model wrote to a waiting tensor out of the
+    tracer's sight (``StaleStatistics``), the pass runs again, RNG state rewound, reading every
+    tensor back as it is seen.
     """
+    rng = _rng_state()
+    again_precision, again_numerics = _recreator(precision), _recreator(numerics)
+    options: dict[str, Any] = {
+        "backward": backward, "half": half, "grad_scale": grad_scale, "gradients": gradients,
+        "count_all": count_all,
+    }  # fmt: skip
+    try:
+        with fewer_collections():
+            return _run_pass(model, batch, loss_fn, precision, fmt, numerics, **options)
+    except StaleStatistics:
+        torch.random.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+        if gradients is not None:
+            gradients.reset(depth=1)
+        with fewer_collections():
+            return _run_pass(
+                model, batch, loss_fn, again_precision(), fmt, again_numerics(), depth=0, **options
+            )
+
+
+GC_THRESHOLD = 100_000
+"""Allocations between two young-generation collections during a pass (Python's default: 700).
+A pass creates a few Python objects per op that all live to its end; with the default, the
+collector walks them again and again (a fifth of an op-heavy scan's time). Cycles are still
+collected, a hundred times less often."""
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Raise the cyclic garbage collector's first threshold for the duration of a pass."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _recreator(
+    context: contextlib.AbstractContextManager[Any] | None,
+) -> Callable[[], contextlib.AbstractContextManager[Any] | None]:
+    """Makes ``context`` anew for a second pass: ``@contextmanager`` ones are single-use (and
+    forget their function once entered, so it is taken now)."""
+    func = getattr(context, "func", None)
+    if isinstance(context, contextlib._GeneratorContextManager) and func is not None:
+        args, kwds, kind = context.args, context.kwds, type(context)
+        return lambda: kind(func, args, kwds)
+    return lambda: context
+
+
+def _run_pass(
+    model: torch.nn.Module,
+    batch: Batch,
+    loss_fn: LossFn | None,
+    precision: contextlib.AbstractContextManager[Any],
+    fmt: FloatFormat,
+    numerics: contextlib.AbstractContextManager[Any] | None,
+    *,
+    backward: bool,
+    half: bool,
+    grad_scale: float,
+    gradients: GradientLog | None,
+    count_all: bool,
+    depth: int | None = None,
+) -> PassResult:
     from nan_hunter.trace.tracer import OpTracer
 
     state = ModelState(model)
     modules = ModuleTracker(model, on_output=lambda output: tracer.mark_escaped(output))
-    tracer = OpTracer(modules, fmt, count_all=count_all, before_write=state.protect)
+    tracer = OpTracer(
+        modules, fmt, count_all=count_all, before_write=state.protect, depth=depth
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     backward_ran = False
     try:
@@ -200,6 +279,7 @@ def run_pass(
                     grads = torch.autograd.grad(scaled, params, allow_unused=True)
                 backward_ran = True
                 if gradients is not None:
+                    gradients.flush()
                     param_grads = _param_grads(model, params, grads, gradients)
         return PassResult(
             events=tuple(tracer.events),
@@ -225,12 +305,12 @@ def _param_grads(
     gradients: GradientLog,
 ) -> dict[str, GradRecord]:
     names = {id(p): n for n, p in model.named_parameters()}
-    found = {}
-    for p, g in zip(params, grads, strict=True):
-        record = gradients.records.get(g) if g is not None else None
-        if record is not None:
-            found[names[id(p)]] = record
-    return found
+    records = gradients.records_of(list(grads))
+    return {
+        names[id(p)]: record
+        for p, record in zip(params, records, strict=True)
+        if record is not None
+    }
 
 
 def _to_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -264,7 +344,7 @@ def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
     """Re-raise an exception from the user's code with its frame and the modules executed."""
     try:
         yield
-    except UserCodeError:
+    except (UserCodeError, StaleStatistics):
         raise
     except Exception as exc:
         frame = _last_user_frame(exc)

@@ -232,3 +232,36 @@ def test_no_gradscaler_where_training_would_not_use_one(
     report = _scan(**options)
     scaling = report.target.loss_scaling
     assert (scaling.policy if scaling else None) == policy
+
+
+def test_window_equals_the_share_of_every_parameter_checked_one_by_one() -> None:
+    """``window`` takes the largest lost share per scale; the definition checks each one."""
+    import itertools
+    import math
+    import random
+
+    from nan_hunter.precision.gradients import _EXP_OFFSET, GradRecord, _lost_share
+
+    rng = random.Random(0)
+    log = GradientLog(FP16)
+    log.record(torch.tensor([1e-3, 2.0]), torch.tensor([1e-3, 2.0]).half())
+    limit = math.log2(FP16.smallest_normal)
+    for trial in range(20):
+        records = []
+        for _ in range(rng.randint(0, 6)):
+            histogram = [0] * 300
+            for _ in range(rng.randint(0, 40)):
+                histogram[rng.randint(_EXP_OFFSET - 60, _EXP_OFFSET + 10)] += rng.randint(1, 9)
+            records.append(GradRecord(FlushStats(0, 0, 0), tuple(histogram)))
+        scale, share = 2.0 ** rng.randint(-3, 20), rng.choice([0.0, 0.05, 0.25, 0.9])
+        window = log.window(scale, share, records)
+        cumulative = [list(itertools.accumulate(r.histogram)) for r in records]
+        expected = [
+            k for k in range(-40, 41)
+            if log.max_abs / scale * 2.0**k <= FP16.max
+            and all(_lost_share(c, k - math.log2(scale), limit) <= share for c in cumulative)
+        ]  # fmt: skip
+        assert window.high == (max(expected) if expected else None), trial
+        if expected:
+            low = min(expected) if cumulative and min(expected) > -40 else None
+            assert window.low == low, trial

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nan_hunter._nest import leaves, map_leaves
+from nan_hunter._nest import call_leaves, map_leaves
 from nan_hunter.precision.gradients import GradientLog
 
 aten = torch.ops.aten
@@ -112,7 +112,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
 
     def _all_low(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         seen = False
-        for x in leaves((args, kwargs)):
+        for x in call_leaves(args, kwargs):
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 if x.dtype != self.low:
                     return False

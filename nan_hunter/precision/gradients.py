@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.trace import deferred
+from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
 from nan_hunter.trace.stats import SAMPLE, format_number
 
 _EXP_OFFSET = 160  # frexp exponents of FP32 values lie in [-148, 129]
@@ -90,16 +91,50 @@ class Boundary:
 
 
 class GradientLog:
-    """Filled by the FP16 emulation while a backward runs."""
+    """Filled by the FP16 emulation while a backward runs.
 
-    def __init__(self, fmt: FloatFormat) -> None:
+    ``record`` queues each gradient's reductions on its device without reading anything back;
+    ``flush`` (at the latest when ``records`` or ``max_abs`` is read) reads them back in one go,
+    so the backward makes no host read per gradient. Histograms of gradients held within a
+    byte budget are counted together at the flush; beyond it, at once.
+    """
+
+    def __init__(self, fmt: FloatFormat, *, depth: int | None = None) -> None:
         self._fmt = fmt
-        self.records: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.boundaries: list[Boundary] = []
-        """Gradients cast from FP32 to FP16, in backward order (the loss's input first)."""
+        self._depth = deferred.MAX_PENDING if depth is None else max(depth, 1)
+        self._records: TensorMap[_Slot] = TensorMap()
+        """Per rounded gradient (and its views and casts, sharing the slot): its record."""
         self._sizes: set[int] | None = None
-        self.max_abs = 0.0
+        self._max_abs = 0.0
+        self._pending: list[_PendingGrad] = []
+        self._held = 0
+        self._buffer = deferred.ResultBuffer(2 * self._depth)
+        self._rows: torch.Tensor | None = None
+        self._rows_used = 0
+        self._row_views: list[torch.Tensor] = []
+        self._boundaries: list[tuple[tuple[int, ...], _Slot]] = []
+        """Gradients cast from FP32 to FP16, in backward order (the loss's input first)."""
+
+    def reset(self, *, depth: int | None = None) -> None:
+        """Forget everything (a pass that runs again, ``depth`` records per read-back)."""
+        if depth is not None:
+            self._depth = max(depth, 1)
+        self._records = TensorMap()
+        self._max_abs = 0.0
+        self._pending, self._held = [], 0
+        self._boundaries = []
+
+    @property
+    def max_abs(self) -> float:
         """The largest finite gradient magnitude seen, before rounding."""
+        self.flush()
+        return self._max_abs
+
+    @property
+    def records(self) -> _Resolved:
+        """Per rounded gradient tensor (or a view or cast of one): its ``GradRecord``."""
+        self.flush()
+        return _Resolved(self)
 
     def watch(self, sizes: set[int]) -> None:
         """Only gradients with as many values as a parameter can end up as a parameter's
@@ -110,29 +145,130 @@ class GradientLog:
         """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result.
         ``boundary``: a dtype cast (FP32 -> FP16) rather than an FP16 op's result: always
         measured, and kept in ``boundaries``."""
-        exact = exact.detach()
-        lo, hi = torch.aminmax(exact)
-        lo_f, hi_f = float(lo), float(hi)
-        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
-            exact = exact[torch.isfinite(exact)]
-            if exact.numel() == 0:
-                return
-            lo, hi = torch.aminmax(exact)
-            lo_f, hi_f = float(lo), float(hi)
-        self.max_abs = max(self.max_abs, abs(lo_f), abs(hi_f))
-        if self._sizes is not None and rounded.numel() not in self._sizes and not boundary:
+        slot = _Slot()
+        self._records[rounded] = slot
+        if boundary:
+            self._boundaries.append((tuple(rounded.shape), slot))
+        n = exact.numel()
+        full = boundary or self._sizes is None or rounded.numel() in self._sizes
+        size = n * (exact.element_size() + rounded.element_size())
+        held = row = None
+        with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
+            data = exact.detach()
+            key, at, views = self._buffer.take(data, 2)
+            torch.aminmax(data, out=(views[at], views[at + 1]))  # NaN and inf show here
+            if self._depth == 1 or self._held + size <= deferred.MAX_HELD_BYTES:  # NaN detail
+                held = (exact, rounded, version_of(exact), version_of(rounded))
+                self._held += size
+            if full:
+                row = self._keep_row(_histogram_row(data, rounded.detach()))
+        self._pending.append((slot, (key, at), n, held, row))
+        if len(self._pending) >= self._depth:
+            self.flush()
+
+    def _keep_row(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A histogram row copied into the current row matrix (few long-lived allocations:
+        thousands of small ones between the activations would fragment the heap)."""
+        rows = self._rows
+        if rows is None or self._rows_used == rows.shape[0] or rows.device != values.device:
+            size = min(max(self._depth, 1), 1024)
+            rows = torch.empty(size, values.numel(), dtype=values.dtype, device=values.device)
+            self._rows, self._rows_used = rows, 0
+            self._row_views = list(rows.unbind())
+        self._row_views[self._rows_used].copy_(values)
+        self._rows_used += 1
+        return rows, self._rows_used - 1
+
+    def flush(self) -> None:
+        pending, self._pending, self._held = self._pending, [], 0
+        if not pending:
             return
-        # Shares are all the window and the underflow check need: a strided sample of large
-        # gradients gives them, at a fixed cost per tensor.
+        with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
+            host = self._buffer.read()
+        for slot, (key, at), n, held, row in pending:
+            top = max(abs(host[key][at]), abs(host[key][at + 1]))
+            if not math.isfinite(top):
+                if held is None or (version_of(held[0]), version_of(held[1])) != held[2:]:
+                    raise StaleStatistics("a non-finite gradient is no longer at hand")
+                with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
+                    slot.value = self._record_now(held[0], held[1], full=row is not None)
+                continue
+            self._max_abs = max(self._max_abs, top)
+            if row is not None:
+                # The histogram stays on the device until someone asks for this record.
+                slot.value = _Row(row[0], row[1], n)
+
+    def records_of(self, tensors: list[torch.Tensor | None]) -> list[GradRecord | None]:
+        """The records of ``tensors`` (the parameters' gradients), read back in one go."""
+        self.flush()
+        return self._resolve([self._records.get(t) if t is not None else None for t in tensors])
+
+    @property
+    def boundaries(self) -> list[Boundary]:
+        """Gradients cast from FP32 to FP16, in backward order (the loss's input first)."""
+        self.flush()
+        records = self._resolve([slot for _, slot in self._boundaries])
+        return [
+            Boundary(shape, record)
+            for (shape, _), record in zip(self._boundaries, records, strict=True)
+            if record is not None
+        ]
+
+    def _resolve(self, slots: list[_Slot | None]) -> list[GradRecord | None]:
+        """The slots' records, those still on the device read back in one go."""
+        waiting = [s for s in slots if s is not None and isinstance(s.value, _Row)]
+        if waiting:
+            with torch._C._DisableTorchDispatch():
+                host = torch.stack([s.value.rows[s.value.row] for s in waiting]).tolist()
+            for slot, values in zip(waiting, host, strict=True):
+                if isinstance(slot.value, _Row):  # a slot may be listed twice
+                    n = slot.value.numel
+                    sampled = len(range(0, n, max(1, n // SAMPLE)))
+                    zeros, rounded_zeros = sampled - int(values[0]), sampled - int(values[1])
+                    histogram = list(map(int, values[2:]))
+                    histogram[_EXP_OFFSET] -= zeros  # frexp(0) has exponent 0
+                    slot.value = self._finish(n, zeros, rounded_zeros, tuple(histogram))
+        return [
+            s.value if s is not None and isinstance(s.value, GradRecord) else None for s in slots
+        ]
+
+    def _finish(
+        self, n: int, zeros: int, rounded_zeros: int, histogram: tuple[int, ...]
+    ) -> GradRecord:
+        """The record of a gradient of ``n`` values from its sample's counts: ``zeros`` and
+        ``rounded_zeros`` of the exact and rounded values, ``histogram`` the exponents (zeros
+        already taken out)."""
+        step = max(1, n // SAMPLE)
+        sampled = len(range(0, n, step))
+        nonzero = sampled - zeros
+        limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
+        below_normal = sum(histogram[: limit + 1])
+        vanished = max(0, rounded_zeros - zeros)
+        flush = FlushStats(nonzero, vanished, max(0, below_normal - vanished))
+        if step > 1:  # counts of the whole tensor, estimated
+            scale = n / sampled
+            flush = FlushStats(*(round(k * scale) for k in (nonzero, vanished, flush.subnormal)))
+        return GradRecord(flush, histogram)
+
+    def _record_now(
+        self, exact: torch.Tensor, rounded: torch.Tensor, *, full: bool
+    ) -> GradRecord | None:
+        """The unbatched record of a gradient with NaN or inf (finite values only)."""
+        exact = exact.detach()
+        exact = exact[torch.isfinite(exact)]
+        if exact.numel() == 0:
+            return None
+        lo, hi = torch.aminmax(exact)
+        self._max_abs = max(self._max_abs, abs(float(lo)), abs(float(hi)))
+        if not full:
+            return None
         flat_exact = exact.reshape(-1)
         flat_rounded = rounded.detach().reshape(-1)
         step = max(1, flat_exact.numel() // SAMPLE)
         if step > 1:
             flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
         zeros = flat_exact.numel() - int(torch.count_nonzero(flat_exact))
-        exponents = torch.frexp(flat_exact).exponent.to(torch.int64).add_(_EXP_OFFSET)
-        counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1), minlength=_EXP_BINS)
-        counts[_EXP_OFFSET] -= zeros  # frexp(0) has exponent 0
+        counts = _exponent_counts(flat_exact, zeros)
         histogram = tuple(counts.tolist())
         nonzero = flat_exact.numel() - zeros
         limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
@@ -142,9 +278,7 @@ class GradientLog:
         if step > 1:  # counts of the whole tensor, estimated
             scale = exact.numel() / flat_exact.numel()
             flush = FlushStats(*(round(n * scale) for n in (nonzero, vanished, flush.subnormal)))
-        self.records[rounded] = GradRecord(flush, histogram)
-        if boundary:
-            self.boundaries.append(Boundary(tuple(rounded.shape), self.records[rounded]))
+        return GradRecord(flush, histogram)
 
     def boundary_low(self, current_scale: float, max_underflow_share: float) -> int | None:
         """The smallest exponent ``k`` at which no cast boundary loses more than
@@ -166,9 +300,9 @@ class GradientLog:
 
     def inherit(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """``target`` is a view or copy of ``source`` (a transpose, the cast back to FP32)."""
-        record = self.records.get(source)
-        if record is not None:
-            self.records[target] = record
+        slot = self._records.get(source)
+        if slot is not None:
+            self._records[target] = slot
 
     def window(
         self,
@@ -184,18 +318,95 @@ class GradientLog:
         limit = math.log2(self._fmt.smallest_normal)
         true_max = self.max_abs / current_scale
         cumulative = [list(itertools.accumulate(r.histogram)) for r in parameters if r.histogram]
+        counted = [c for c in cumulative if c[-1] != 0]  # the others lose nothing (share 0)
         ks = []
         for k in range(-40, 41):
             if true_max * 2.0**k > self._fmt.max:
                 continue
-            if all(
-                _lost_share(c, k - shift, limit) <= max_underflow_share for c in cumulative
-            ):
+            # all(_lost_share(c, k - shift, limit) <= share for c in cumulative), the bin index
+            # computed once per scale: shares are >= 0, so the largest one decides.
+            last = math.floor(limit - (k - shift)) + _EXP_OFFSET
+            worst = 0.0
+            if last >= 0:
+                worst = max((c[min(last, len(c) - 1)] / c[-1] for c in counted), default=0.0)
+            if not cumulative or worst <= max_underflow_share:
                 ks.append(k)
         if not ks:
             return ScaleWindow(None, None, current_scale, self.max_abs)
         low = min(ks) if cumulative and min(ks) > -40 else None
         return ScaleWindow(low, max(ks), current_scale, self.max_abs)
+
+
+_PendingGrad = tuple[
+    "_Slot",
+    "tuple[object, int]",
+    int,
+    "tuple[torch.Tensor, torch.Tensor, int, int] | None",
+    "tuple[torch.Tensor, int] | None",
+]
+"""slot, where its min and max are in the result buffer, values, (exact, rounded, their
+versions) if held, (histogram rows, row) of a full record."""
+
+
+class _Slot:
+    """One gradient's record: None (none kept), a ``_Row`` on the device, or the record."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: GradRecord | _Row | None = None
+
+
+class _Row:
+    """A record whose counts wait on the device: row ``row`` of ``rows``."""
+
+    __slots__ = ("numel", "row", "rows")
+
+    def __init__(self, rows: torch.Tensor, row: int, numel: int) -> None:
+        self.rows, self.row, self.numel = rows, row, numel
+
+
+class _Resolved:
+    """``records`` after a flush, as a mapping: views and casts lead to their source."""
+
+    def __init__(self, log: GradientLog) -> None:
+        self._log = log
+
+    def get(self, key: torch.Tensor, default: GradRecord | None = None) -> GradRecord | None:
+        (record,) = self._log.records_of([key])
+        return record if record is not None else default
+
+    def __getitem__(self, key: torch.Tensor) -> GradRecord:
+        record = self.get(key)
+        if record is None:
+            raise KeyError(key)
+        return record
+
+
+def _exponent_counts(flat_exact: torch.Tensor, zeros: int | torch.Tensor) -> torch.Tensor:
+    """Counts of the nonzero values per binary exponent (index - 160)."""
+    exponents = torch.frexp(flat_exact).exponent.to(torch.int64).add_(_EXP_OFFSET)
+    counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1), minlength=_EXP_BINS)
+    counts[_EXP_OFFSET] -= zeros  # frexp(0) has exponent 0
+    return counts
+
+
+def _histogram_row(exact: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    """On the device, over the strided sample ``_record_now`` takes: the nonzero exact values,
+    the nonzero rounded ones, and the exponent histogram of the exact values (zeros included,
+    in bin ``_EXP_OFFSET``), as one int64 row of ``2 + _EXP_BINS``."""
+    flat_exact, flat_rounded = exact.reshape(-1), rounded.reshape(-1)
+    step = max(1, flat_exact.numel() // SAMPLE)
+    if step > 1:
+        flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
+    exponents = torch.frexp(flat_exact.float()).exponent.add_(_EXP_OFFSET).clamp_(0, _EXP_BINS - 1)
+    return torch.cat(
+        [
+            torch.count_nonzero(flat_exact).view(1),
+            torch.count_nonzero(flat_rounded).view(1),
+            torch.bincount(exponents, minlength=_EXP_BINS),
+        ]
+    )
 
 
 def _lost_share(cumulative: list[int], shift: float, limit: float) -> float:

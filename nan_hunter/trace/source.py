@@ -165,3 +165,76 @@ def call_site_name(func: Callable[..., object], direct_caller: FrameType | None)
         if dunder is not None and name != f"Tensor.{dunder}":
             return f"Tensor.{dunder}"
     return name
+
+
+class SiteResolver:
+    """``(op name, location, in user code)`` of a call, resolved once per call site.
+
+    The user frame is found by walking outwards with each code object's origin looked up once;
+    the op name and the source line are then a function of (function, code, instruction
+    offset), cached: a model that runs the same line a thousand times reads it once.
+    """
+
+    def __init__(self) -> None:
+        self._origins: dict[CodeType, str] = {}
+        self._sites: dict[tuple[object, ...], tuple[str, SourceLocation | None, bool]] = {}
+        self._installed_code: dict[CodeType, bool] = {}
+
+    def _origin(self, code: CodeType) -> str:
+        origin = self._origins.get(code)
+        if origin is None:
+            origin = frame_origin(code.co_filename)
+            self._origins[code] = origin
+        return origin
+
+    def _user_frame(self, start: FrameType) -> tuple[FrameType | None, bool]:
+        # user_frame(), with the origin looked up per code object.
+        frame: FrameType | None = start
+        innermost_torch: FrameType | None = None
+        while frame is not None:
+            code = frame.f_code
+            origin = self._origin(code)
+            if origin == "user":
+                return frame, True
+            if origin == "own":
+                return innermost_torch, False
+            if innermost_torch is None and not code.co_filename.endswith("overrides.py"):
+                innermost_torch = frame
+            frame = frame.f_back
+        return innermost_torch, False
+
+    def site(
+        self, start: FrameType, func: Callable[..., object]
+    ) -> tuple[str, SourceLocation | None, bool, SourceLocation | None]:
+        """(op name, location, in user code, call site): the call site is the nearest frame in
+        the user's project when the location is in an installed library (found per call: it
+        depends on the whole stack, not on the line alone)."""
+        frame, in_user_code = self._user_frame(start)
+        key = (func, frame.f_code, frame.f_lasti, in_user_code) if frame else (func,)
+        try:
+            found = self._sites.get(key)
+        except TypeError:  # an unhashable callable
+            found = self._resolve(func, frame, in_user_code)
+        else:
+            if found is None:
+                found = self._resolve(func, frame, in_user_code)
+                self._sites[key] = found
+        call_site = None
+        if frame is not None and in_user_code and self._installed(frame.f_code):
+            outer = project_frame(frame)
+            call_site = location_of(outer) if outer is not None else None
+        return (*found, call_site)
+
+    def _installed(self, code: CodeType) -> bool:
+        installed = self._installed_code.get(code)
+        if installed is None:
+            installed = is_installed(code.co_filename)
+            self._installed_code[code] = installed
+        return installed
+
+    @staticmethod
+    def _resolve(
+        func: Callable[..., object], frame: FrameType | None, in_user_code: bool
+    ) -> tuple[str, SourceLocation | None, bool]:
+        location = location_of(frame) if frame is not None else None
+        return call_site_name(func, frame if in_user_code else None), location, in_user_code

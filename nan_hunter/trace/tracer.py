@@ -5,6 +5,10 @@ A ``TorchFunctionMode`` sees calls as the user wrote them (``torch.matmul``, ``a
 autocast is about to turn into FP16 inf is still visible. Statistics are cached per tensor
 (weakly), so each tensor is reduced once however many ops read it. Backward is observed through
 hooks on the autograd nodes of the traced outputs, which ties each gradient to its forward op.
+
+Nothing on the hot path reads a value back to the host: tensors are queued in a ``StatsQueue``
+(one read-back per batch of tensors), call sites are resolved once per (function, code,
+instruction) and events are built from the resolved statistics when they are asked for.
 """
 
 from __future__ import annotations
@@ -14,23 +18,23 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
-from torch.utils.weak import WeakIdKeyDictionary
 
-from nan_hunter._nest import leaves, output_leaves
-from nan_hunter.fixes.project import is_installed
+from nan_hunter._nest import call_leaves, leaves, output_leaves
+from nan_hunter.findings import SourceLocation
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.trace import deferred
+from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import call_site_name, location_of, project_frame, user_frame
-from nan_hunter.trace.stats import TensorStats, tensor_stats
+from nan_hunter.trace.source import SiteResolver
+from nan_hunter.trace.stats import TensorStats
 
 # Ops that only re-view or re-label their input: no arithmetic, so nothing to check.
 _VIEW_OPS = frozenset(
@@ -61,8 +65,32 @@ def _is_inplace(name: str, kwargs: dict[str, Any]) -> bool:
     return name.endswith("_")
 
 
+class _OpRecord(NamedTuple):
+    """An op call as recorded on the hot path: statistics are queue slots until resolved."""
+
+    index: int
+    op: str
+    module: str
+    location: SourceLocation | None
+    in_user_code: bool
+    in_slots: tuple[int, ...]
+    out_slots: tuple[int, ...]
+    producers: tuple[int | None, ...]
+    scalars: tuple[float, ...]
+    key: tuple[str, str, int, int]
+    in_loss: bool
+    autocast: bool
+    failure: PolicyFailure | None
+    call_site: SourceLocation | None
+
+
 class OpTracer(TorchFunctionMode):
-    """Records ``OpEvent``s; use ``forward()`` around the forward and ``backward()`` around it."""
+    """Records ``OpEvent``s; use ``forward()`` around the forward and ``backward()`` around it.
+
+    ``depth``: how many tensors wait for their statistics before one batched read-back (default
+    ``deferred.MAX_PENDING``; 0: each tensor is summarised when it is seen, what a
+    ``StaleStatistics`` retry asks for).
+    """
 
     def __init__(
         self,
@@ -71,6 +99,7 @@ class OpTracer(TorchFunctionMode):
         *,
         count_all: bool = False,
         before_write: Callable[[torch.Tensor], None] | None = None,
+        depth: int | None = None,
     ) -> None:
         super().__init__()
         self._before_write = before_write
@@ -79,18 +108,85 @@ class OpTracer(TorchFunctionMode):
         self._fmt = fmt
         self._count_all = count_all
         """Count zeros and tiny values in every output, not only in low-precision ones."""
-        self.events: list[OpEvent] = []
-        self.grad_events: list[GradEvent] = []
+        if depth is None:
+            depth = deferred.MAX_PENDING
+        self._queue = StatsQueue(fmt, depth=max(depth, 1), on_flush=self._on_flush)
+        self._records: list[_OpRecord] = []
+        self._events: list[OpEvent] = []
+        self._grad_records: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+        self._grad_events: list[GradEvent] = []
+        self._calls: list[tuple[int, Callable[..., Any], Any, int, tuple[int, ...]]] = []
+        """Calls that may still turn out to be the first origin (held until their statistics
+        are read back): index, function, (args, kwargs) if kept within the byte budget, their
+        bytes, versions of their tensors."""
+        self._calls_held = 0
         self.first_origin_call: CapturedCall | None = None
-        self._stats: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._producer: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._origin_found = False
+        self._checked = 0
+        """Records checked for the first origin so far."""
+        self._stats: TensorMap[int] = TensorMap()
+        self._producer: TensorMap[int] = TensorMap()
+        self._grad_stats: TensorMap[tuple[int, int]] = TensorMap()
         self._occurrences: Counter[tuple[str, str, int]] = Counter()
+        self._sites = SiteResolver()
         self._nodes: dict[int, tuple[Any, int]] = {}
         self._paused = False
         self.in_loss = False
         """Set by the runner while the loss function runs."""
         self.escaped: set[int] = set()
         """Indices of ops whose output left a module (a module's or the model's output)."""
+
+    @property
+    def host_reads(self) -> int:
+        """Batched statistics read-backs so far (for tests and benchmarks)."""
+        return self._queue.flushes
+
+    @property
+    def events(self) -> list[OpEvent]:
+        """The forward op events, statistics resolved (this reads back what is queued)."""
+        self._queue.flush()
+        stats = self._queue.stats
+        for r in self._records[len(self._events) :]:
+            self._events.append(
+                OpEvent(
+                    index=r.index,
+                    op=r.op,
+                    module=r.module,
+                    location=r.location,
+                    in_user_code=r.in_user_code,
+                    inputs=tuple(stats(s) for s in r.in_slots),
+                    outputs=tuple(stats(s) for s in r.out_slots),
+                    producers=r.producers,
+                    scalars=r.scalars,
+                    key=r.key,
+                    in_loss=r.in_loss,
+                    autocast=r.autocast,
+                    failure=r.failure,
+                    call_site=r.call_site,
+                )
+            )
+        return self._events
+
+    @property
+    def grad_events(self) -> list[GradEvent]:
+        self._queue.flush()
+        stats = self._queue.stats
+        for index, forward_index, incoming, produced in self._grad_records[
+            len(self._grad_events) :
+        ]:
+            self._grad_events.append(
+                GradEvent(
+                    index,
+                    forward_index,
+                    tuple(stats(s) for s in incoming),
+                    tuple(stats(s) for s in produced),
+                )
+            )
+        return self._grad_events
+
+    def flush(self) -> None:
+        """Read back every queued statistic now."""
+        self._queue.flush()
 
     # -- forward ---------------------------------------------------------------------------
     def __torch_function__(
@@ -104,15 +200,19 @@ class OpTracer(TorchFunctionMode):
         if self._paused:
             return func(*args, **kwargs)
         name = _base_name(func)
-        flat = list(leaves((args, kwargs)))
+        flat = call_leaves(args, kwargs)
         in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         if name in _VIEW_OPS:
             out = func(*args, **kwargs)
             self._inherit_producer(out, in_tensors)
             return out
-        in_stats = tuple(self.stats_of(t) for t in in_tensors)
+        inplace = _is_inplace(name, kwargs)
+        if inplace and in_tensors:
+            # The op writes a tensor that may wait in the queue: take its statistics first.
+            self._queue.flush()
+        in_slots = tuple(self._slot_of(t) for t in in_tensors)
         producers = tuple(self._producer.get(t) for t in in_tensors)
-        if self._before_write is not None and in_tensors and _is_inplace(name, kwargs):
+        if self._before_write is not None and in_tensors and inplace:
             written = kwargs.get("out", in_tensors[0])
             for t in written if isinstance(written, (tuple, list)) else (written,):
                 if isinstance(t, torch.Tensor):
@@ -127,13 +227,13 @@ class OpTracer(TorchFunctionMode):
             # CUDA would stop here; report it and carry on in FP32 so the scan goes on.
             out = _run_in_fp32(func, args, kwargs)
         out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
-        if _is_inplace(name, kwargs) and in_tensors:
+        if inplace and in_tensors:
             self._stats.pop(in_tensors[0], None)
             if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
                 out_tensors = [in_tensors[0]]
         if not out_tensors:
             return out
-        self._record(func, args, kwargs, flat, in_stats, producers, out_tensors, failure)
+        self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
         return out
 
     def _record(
@@ -142,63 +242,100 @@ class OpTracer(TorchFunctionMode):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         flat: list[Any],
-        in_stats: tuple[TensorStats, ...],
+        in_slots: tuple[int, ...],
         producers: tuple[int | None, ...],
         out_tensors: list[torch.Tensor],
         failure: PolicyFailure | None = None,
     ) -> None:
-        frame, in_user_code = user_frame(sys._getframe(2))
-        location = location_of(frame) if frame is not None else None
-        call_site = None
-        if frame is not None and in_user_code and is_installed(frame.f_code.co_filename):
-            outer = project_frame(frame)
-            call_site = location_of(outer) if outer is not None else None
-        op = call_site_name(func, frame if in_user_code else None)
-        index = len(self.events)
-        out_stats = []
+        op, location, in_user_code, call_site = self._sites.site(sys._getframe(2), func)
+        index = len(self._records)
+        counts_all = self._count_all
+        low = self._fmt.dtype
+        out_slots = []
         for t in out_tensors:
-            stats = self._summarise(t)
-            self._stats[t] = stats
+            slot = self._queue.add(t, counts_all or t.dtype == low)
+            self._stats[t] = slot
             self._producer[t] = index
-            out_stats.append(stats)
+            out_slots.append(slot)
         site = (op, location.file if location else "", location.line if location else 0)
         self._occurrences[site] += 1
-        event = OpEvent(
-            index=index,
-            op=op,
-            module=self._modules.current,
-            location=location,
-            in_user_code=in_user_code,
-            inputs=in_stats,
-            outputs=tuple(out_stats),
-            producers=producers,
-            scalars=tuple(float(x) for x in flat if type(x) is float),
-            key=(*site, self._occurrences[site]),
-            in_loss=self.in_loss,
-            autocast=any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
-            failure=failure,
-            call_site=call_site,
+        if not self._origin_found:
+            tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+            versions = tuple(version_of(x) for x in tensors)
+            size = sum(
+                x.numel() * x.element_size()
+                for x in tensors
+                if not isinstance(x, torch.nn.Parameter)  # alive anyway
+            )
+            if self._queue.depth == 1 or self._calls_held + size <= deferred.MAX_HELD_BYTES:
+                self._calls_held += size
+                self._calls.append((index, func, (args, kwargs), size, versions))
+            else:  # not kept: should this be the origin, the pass runs again eagerly
+                self._calls.append((index, func, None, 0, versions))
+        self._records.append(
+            _OpRecord(
+                index,
+                op,
+                self._modules.current,
+                location,
+                in_user_code,
+                in_slots,
+                tuple(out_slots),
+                producers,
+                tuple(float(x) for x in flat if type(x) is float),
+                (*site, self._occurrences[site]),
+                self.in_loss,
+                any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
+                failure,
+                call_site,
+            )
         )
-        self.events.append(event)
-        if self.first_origin_call is None and event.inputs_finite and not event.outputs_finite:
-            self.first_origin_call = CapturedCall(func, *_detached_copy(args, kwargs))
         self._watch_backward(out_tensors, index)
+        if not self._origin_found and self._queue.pending == 0:
+            self._on_flush()  # summarised at once (depth 1): look for the origin now
+
+    def _on_flush(self) -> None:
+        """After a read-back: the first op whose inputs are finite and outputs are not is the
+        first origin; keep a copy of its arguments for the FP32 rerun."""
+        if self._origin_found:
+            return
+        ready = self._queue.ready
+        records = self._records
+        calls = {c[0]: c for c in self._calls}
+        while self._checked < len(records):
+            r = records[self._checked]
+            if any(ready(s) is None for s in (*r.in_slots, *r.out_slots)):
+                break  # queued after this read-back (an op's outputs span a flush)
+            self._checked += 1
+            inputs_finite = all(ready(s).finite for s in r.in_slots) and all(  # type: ignore[union-attr]
+                v == v and v not in (float("inf"), float("-inf")) for v in r.scalars
+            )
+            if inputs_finite and not all(ready(s).finite for s in r.out_slots):  # type: ignore[union-attr]
+                _, func, kept, _, versions = calls[r.index]
+                if kept is None:
+                    raise StaleStatistics("the first origin's arguments were not kept")
+                args, kwargs = kept
+                now = tuple(
+                    version_of(x) for x in leaves((args, kwargs)) if isinstance(x, torch.Tensor)
+                )
+                if now != versions:
+                    raise StaleStatistics("the first origin's arguments changed before capture")
+                self.first_origin_call = CapturedCall(func, *_detached_copy(args, kwargs))
+                self._origin_found = True
+                self._calls, self._calls_held = [], 0
+                return
+        self._calls = [c for c in self._calls if c[0] >= self._checked]
+        self._calls_held = sum(c[3] for c in self._calls)
+
+    def _slot_of(self, t: torch.Tensor) -> int:
+        slot = self._stats.get(t)
+        if slot is None:  # a parameter, buffer or batch tensor
+            slot = self._queue.add(t, self._count_all or t.dtype == self._fmt.dtype)
+            self._stats[t] = slot
+        return slot
 
     def stats_of(self, t: torch.Tensor) -> TensorStats:
-        stats = self._stats.get(t)
-        if stats is None:
-            stats = self._summarise(t)
-            self._stats[t] = stats
-        return stats
-
-    def _summarise(self, t: torch.Tensor, *, counts: bool | None = None) -> TensorStats:
-        # Our own reductions bypass dispatch modes (the FP16 emulation): nothing to emulate.
-        if counts is None:
-            counts = self._count_all or t.dtype == self._fmt.dtype
-        if torch._C._len_torch_dispatch_stack() == 0:
-            return tensor_stats(t, self._fmt, counts=counts)
-        with _disable_current_modes():
-            return tensor_stats(t, self._fmt, counts=counts)
+        return self._queue.stats(self._slot_of(t))
 
     def _inherit_producer(self, out: Any, in_tensors: list[torch.Tensor]) -> None:
         if not in_tensors:
@@ -237,12 +374,19 @@ class OpTracer(TorchFunctionMode):
     def backward_hooks(self) -> _BackwardHooks:
         return _BackwardHooks(self)
 
+    def _grad_slot(self, g: torch.Tensor) -> int:
+        """A gradient's slot: one node's produced gradient is often the next one's incoming."""
+        slot = self._grad_stats.get(g)
+        if slot is None or version_of(g) != slot[1]:
+            slot = (self._queue.add(g, False), version_of(g))
+            self._grad_stats[g] = slot
+        return slot[0]
+
     def _on_node(self, forward_index: int, grad_inputs: Any, grad_outputs: Any) -> None:
-        incoming = tuple(self._summarise(g, counts=False) for g in grad_outputs if g is not None)
-        produced = tuple(self._summarise(g, counts=False) for g in grad_inputs if g is not None)
-        self.grad_events.append(
-            GradEvent(len(self.grad_events), forward_index, incoming, produced)
-        )
+        slot = self._grad_slot
+        incoming = tuple(slot(g) for g in grad_outputs if g is not None)
+        produced = tuple(slot(g) for g in grad_inputs if g is not None)
+        self._grad_records.append((len(self._grad_records), forward_index, incoming, produced))
 
 
 class _BackwardHooks:
@@ -269,6 +413,7 @@ class _BackwardHooks:
             handle.remove()
         self._handles = []
         self._tracer._nodes.clear()
+        self._tracer.flush()
 
 
 def _run_in_fp32(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
