@@ -113,3 +113,37 @@ def test_backup_of_a_missing_file_is_one_error(tmp_path: Path) -> None:
 def test_a_folder_is_not_a_report_file(tmp_path: Path) -> None:
     with pytest.raises(WriteError, match="not a regular file"):
         write_file(tmp_path, "x")
+
+
+def test_every_file_the_package_writes_goes_through_the_atomic_writer() -> None:
+    """A plain ``write_text``/``write_bytes``/``open(..., "w")`` anywhere in nan_hunter outside
+    safe_write.py could truncate a user's file on a full disk: none may creep back in. A write
+    into a folder nan-hunter made itself says so with an ``# own temp folder`` comment."""
+    import ast
+
+    import nan_hunter
+
+    package = Path(nan_hunter.__file__).parent
+    offenders = []
+    for source in sorted(package.rglob("*.py")):
+        if source.name == "safe_write.py":
+            continue
+        text = source.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            mode = node.args[1] if name == "open" and len(node.args) > 1 else None
+            for kw in node.keywords:
+                if name == "open" and kw.arg == "mode":
+                    mode = kw.value
+            writes_mode = isinstance(mode, ast.Constant) and any(
+                c in str(mode.value) for c in "wax+"
+            )
+            if "# own temp folder" in lines[node.lineno - 1]:
+                continue
+            if name in {"write_text", "write_bytes"} or writes_mode:
+                offenders.append(f"{source.relative_to(package)}:{node.lineno}")
+    assert offenders == []

@@ -234,7 +234,7 @@ def _mirror(root: Path, shadow: Path, files: dict[Path, bytes]) -> None:
                 continue
             os.symlink(child, target / child.name, target_is_directory=child.is_dir())
     for path, data in files.items():
-        (shadow / path.relative_to(root)).write_bytes(data)
+        (shadow / path.relative_to(root)).write_bytes(data)  # own temp folder
 
 
 @contextmanager

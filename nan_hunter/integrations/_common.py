@@ -4,6 +4,7 @@ the pre-flight scan, and writing a report (text + JSON) into the run's output fo
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,7 +16,10 @@ from torch.utils.hooks import RemovableHandle
 
 from nan_hunter.findings import Report
 from nan_hunter.runner import default_loss
+from nan_hunter.safe_write import write_file
 from nan_hunter.training.distributed import current_ranks, rank_path
+from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
+from nan_hunter.training.verdict import Reason
 
 
 def model_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -132,9 +136,45 @@ def write_report(report: Report, folder: str | Path, stem: str) -> tuple[Path, P
     base.mkdir(parents=True, exist_ok=True)
     text = Path(rank_path(str(base / f"{stem}.txt"), ranks))
     data = Path(rank_path(str(base / f"{stem}.json"), ranks))
-    text.write_text(report.render("text"), encoding="utf-8")
-    data.write_text(report.render("json"), encoding="utf-8")
+    write_file(text, report.render("text"))
+    write_file(data, report.render("json"))
     return text, data
+
+
+def preflight_outcome(
+    report: Report,
+    folder: str | Path,
+    events: list[WatchEvent],
+    report_files: list[Path],
+    on_problem: OnProblem,
+) -> bool:
+    """Write the pre-flight report; when it has an error, record the event and raise
+    ``TrainingProblem`` (``on_problem="raise"``) or return whether training should stop."""
+    report_files.extend(write_report(report, folder, "nan_hunter_preflight"))
+    if not report.errors:
+        return False
+    event = WatchEvent(
+        step=-1, reason=Reason.PREFLIGHT, report=report,
+        detail="the first batch breaks under CUDA FP16 autocast (pre-flight scan)",
+    )
+    events.append(event)
+    if on_problem == "raise":
+        raise TrainingProblem(event)
+    return on_problem == "stop"
+
+
+def record_step_event(
+    event: WatchEvent,
+    new_report: bool,
+    folder: str | Path,
+    events: list[WatchEvent],
+    report_files: list[Path],
+) -> None:
+    """Keep a watcher's event; write its report when the watcher kept a new one."""
+    events.append(event)
+    if event.report is not None and new_report:
+        report_files.extend(write_report(event.report, folder, f"nan_hunter_step{event.step}"))
+    logging.getLogger("nan_hunter").info("nan-hunter: %s", summary_line(event))
 
 
 PREFLIGHT = {"dtype": "float16", "policy": "cuda", "device": "cpu", "numerics": "emulated"}

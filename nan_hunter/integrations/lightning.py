@@ -19,7 +19,6 @@ every rank stops at the same step (the watcher's agreement).
 
 from __future__ import annotations
 
-import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,9 @@ except ImportError:  # the standalone package
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
 from nan_hunter.findings import Report
-from nan_hunter.integrations._common import preflight_scan, write_report
+from nan_hunter.integrations._common import preflight_outcome, preflight_scan, record_step_event
 from nan_hunter.training.distributed import ReportTo
-from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
-from nan_hunter.training.verdict import Reason
+from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent
 from nan_hunter.training.watcher import Watcher
 
 __all__ = ["NanHunterCallback", "as_training_step"]
@@ -128,17 +126,7 @@ class NanHunterCallback(pl.Callback):
                                 rerun_as=as_training_step)
         self.preflight = report
         folder = self._folder(trainer)
-        self.report_files.extend(write_report(report, folder, "nan_hunter_preflight"))
-        if not report.errors:
-            return
-        event = WatchEvent(
-            step=-1, reason=Reason.PREFLIGHT, report=report,
-            detail="the first batch breaks under CUDA FP16 autocast (pre-flight scan)",
-        )
-        self.events.append(event)
-        if self.on_problem == "raise":
-            raise TrainingProblem(event)
-        if self.on_problem == "stop":
+        if preflight_outcome(report, folder, self.events, self.report_files, self.on_problem):
             trainer.should_stop = True
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -170,14 +158,10 @@ class NanHunterCallback(pl.Callback):
         self._close()
 
     def _record(self, trainer: Any, event: WatchEvent, kept: int) -> None:
-        self.events.append(event)
-        if event.report is not None and self.watcher is not None and (
-            len(self.watcher.reports) > kept
-        ):
-            self.report_files.extend(
-                write_report(event.report, self._folder(trainer), f"nan_hunter_step{event.step}")
-            )
-        logging.getLogger("nan_hunter").info("nan-hunter: %s", summary_line(event))
+        new_report = self.watcher is not None and len(self.watcher.reports) > kept
+        record_step_event(
+            event, new_report, self._folder(trainer), self.events, self.report_files
+        )
 
     def _close(self) -> None:
         if self.watcher is not None:

@@ -30,13 +30,13 @@ from nan_hunter.findings import Report
 from nan_hunter.integrations._common import (
     ForwardCapture,
     model_loss,
+    preflight_outcome,
     preflight_scan,
+    record_step_event,
     rng_kept,
-    write_report,
 )
 from nan_hunter.training.distributed import ReportTo
-from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
-from nan_hunter.training.verdict import Reason
+from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent
 from nan_hunter.training.watcher import Watcher
 
 __all__ = ["NanHunterCallback"]
@@ -130,30 +130,14 @@ class NanHunterCallback(TrainerCallback):
             batch = dict(batch.items())
         report = preflight_scan(model, batch, self.loss_fn, self.options)
         self.preflight = report
-        self.report_files.extend(write_report(report, args.output_dir, "nan_hunter_preflight"))
-        if not report.errors:
-            return
-        event = WatchEvent(
-            step=-1, reason=Reason.PREFLIGHT, report=report,
-            detail="the first batch breaks under CUDA FP16 autocast (pre-flight scan)",
-        )
-        self.events.append(event)
-        if self.on_problem == "raise":
-            raise TrainingProblem(event)
-        if self.on_problem == "stop":
+        if preflight_outcome(
+            report, args.output_dir, self.events, self.report_files, self.on_problem
+        ):
             control.should_training_stop = True
 
     def _record(self, args: TrainingArguments, event: WatchEvent, kept: int) -> None:
-        self.events.append(event)
-        if event.report is not None and self.watcher is not None and (
-            len(self.watcher.reports) > kept
-        ):
-            self.report_files.extend(
-                write_report(event.report, args.output_dir, f"nan_hunter_step{event.step}")
-            )
-        import logging
-
-        logging.getLogger("nan_hunter").info("nan-hunter: %s", summary_line(event))
+        new_report = self.watcher is not None and len(self.watcher.reports) > kept
+        record_step_event(event, new_report, args.output_dir, self.events, self.report_files)
 
     def _close(self) -> None:
         if self._capture is not None:

@@ -41,6 +41,7 @@ from nan_hunter.errors import ConfigError, NanHunterError, first_line
 from nan_hunter.findings import Report
 from nan_hunter.options import explicitly_set, settings_with
 from nan_hunter.runner import LossFn
+from nan_hunter.safe_write import write_file
 from nan_hunter.training.checks import (
     ScaleWatch,
     bad_grad_names,
@@ -471,7 +472,7 @@ class Watcher:
             if self.output is not None and event.report is not None:
                 path = Path(rank_path(str(self.output), self._ranks))
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(event.report.render("json"), encoding="utf-8")
+                write_file(path, event.report.render("json"))
                 event = dataclasses.replace(event, report_path=str(path))
             self.reports.append(event)
             if self._ranks is not None and self._ranks.rank == 0:
