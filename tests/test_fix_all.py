@@ -91,3 +91,17 @@ def test_identical_fixes_are_selected_once() -> None:
     selection = select_fixes(twice)
     assert len(selection.chosen) == 2
     assert selection.edits == report.findings[0].fix.edits  # type: ignore[union-attr]
+
+
+def test_half_mode_advice_names_the_module_to_keep_in_fp32() -> None:
+    """Under model.half() there is no autocast to disable: where no source edit can keep an FP16
+    nn.Linear's output in range, the advice names that module and how to keep it in FP32."""
+    settings = load_settings(None, {"mode": "half"})
+    report = scan_file(str(FIXTURES / "fx_linear_overflow.py"), settings)
+    (finding,) = [f for f in report.findings if f.code == "NH102"]
+    assert finding.fix is not None and not finding.fix.edits
+    assert finding.fix.applicability.value == "display-only"
+    assert finding.fix.title == (
+        "Compute torch.nn.functional.linear in FP32 (keep net.1 in FP32 after .half(): "
+        "model.get_submodule('net.1').float(), and give it .float() inputs)"
+    )

@@ -77,11 +77,11 @@ def _build(
         path = Path(site.file)
         new_text = _REWRITES[plan.rewrite](path, plan.rewrite_line or site.line, plan)
         if new_text is None:
-            return Fix(title=plan.title, applicability=Applicability.DISPLAY_ONLY)
+            return _advice(plan.title, c, half_dtype)
         edits = edits_between(path, read_source(path).text, new_text)
         return make_fix(plan.title, plan.applicability, edits, project_root(path))
     if site is None or not plan.region or not c.ref_finite:
-        return Fix(title=plan.title, applicability=Applicability.DISPLAY_ONLY)
+        return _advice(plan.title, c, half_dtype)
     path = Path(site.file)
     root = project_root(path)
     in_library = site is not c.event.location
@@ -102,12 +102,27 @@ def _build(
         grow_to_producers=grow,
     )
     if patch is None:
-        return Fix(title=plan.title, applicability=Applicability.DISPLAY_ONLY)
+        return _advice(plan.title, c, half_dtype)
     title = plan.title
     if half_dtype is not None:
         title = title.replace("(autocast disabled)", f"(FP32 inputs, results cast back to "
                               f"{half_dtype.removeprefix('torch.')})")
     return make_fix(title, plan.applicability, patch.edits, root)
+
+
+def _advice(title: str, c: Candidate, half_dtype: str | None) -> Fix:
+    """A display-only fix. Under ``model.half()`` there is no autocast to disable: the advice
+    names the module to keep in FP32 (its FP16 parameters are what the op computes with)."""
+    if half_dtype is not None and "(autocast disabled)" in title:
+        if c.event.module:
+            keep = (
+                f"(keep {c.event.module} in FP32 after .half(): "
+                f"model.get_submodule({c.event.module!r}).float(), and give it .float() inputs)"
+            )
+        else:
+            keep = "(.float() inputs: under .half() there is no autocast to disable)"
+        title = title.replace("(autocast disabled)", keep)
+    return Fix(title=title, applicability=Applicability.DISPLAY_ONLY)
 
 
 def _consumer_lines(c: Candidate, path: Path) -> tuple[int, ...]:
