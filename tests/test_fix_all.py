@@ -36,6 +36,7 @@ CASES = [
     (FIXTURES / "fx_log1p_clamp.py", "half", (), "half: from the rounded values"),
     (FIXTURES / "fx_atanh_rounding.py", "half", (), "half: module result upcast"),
     (FIXTURES / "fx_eps_underflow.py", "half", ("--unsafe-fixes",), "half: eps"),
+    (FIXTURES / "fx_out_of_range_warning.py", "half", (), "half: cast back in the parent"),
 ]
 
 

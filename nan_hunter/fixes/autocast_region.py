@@ -288,13 +288,29 @@ def _patch_text(
     if cast_back is not None:
         # Half mode: no autocast to switch off. The region's inputs are upcast; the values it
         # hands on are cast back to the model's dtype where it ends.
+        # Where the values leave this block (a module's forward returning them to its parent),
+        # the cast back goes after the consumer statement in the parent that brings them back
+        # into range.
         newline = _newline_of(source.lines)
-        later = located.block[last_index + 1 :]
-        used_later = {n.id for s in later for n in ast.walk(s) if isinstance(n, ast.Name)}
-        live = sorted({n for s in region for n in _assigned_names(s)} & used_later)
-        casts = "".join(f"{indent}{name} = {name}.to({cast_back}){newline}" for name in live)
-        if casts:
-            _insert_line(lines, last_line, casts, newline)
+        rest = located.block[last_index + 1 :]
+        casts_after = [(last_line, indent, _cast_back_names(region, rest))]
+        for line in consumer_lines:
+            consumer = _locate(tree.body, line)
+            if consumer is None or consumer.block is located.block:
+                continue
+            end = consumer.stmt.end_lineno
+            assert end is not None
+            later = consumer.block[consumer.index + 1 :]
+            casts_after.append(
+                (end, _leading_indent(source, consumer.stmt),
+                 _cast_back_names([consumer.stmt], later))
+            )
+        for after, at_indent, live in sorted(casts_after, key=lambda c: c[0], reverse=True):
+            casts = "".join(
+                f"{at_indent}{name} = {name}.to({cast_back}){newline}" for name in live
+            )
+            if casts:
+                _insert_line(lines, after, casts, newline)
         return "".join(lines), first_line, last_line
     unit = "\t" if "\t" in indent else _INDENT_UNIT
     newline = _newline_of(source.lines)
@@ -335,6 +351,12 @@ def _newline_of(lines: Sequence[str]) -> str:
         if stripped != line:
             return line[len(stripped) :]
     return "\n"
+
+
+def _cast_back_names(stmts: Sequence[ast.stmt], later: Sequence[ast.stmt]) -> list[str]:
+    """Names that ``stmts`` assign and the statements ``later`` in the same block read."""
+    used_later = {n.id for s in later for n in ast.walk(s) if isinstance(n, ast.Name)}
+    return sorted({n for s in stmts for n in _assigned_names(s)} & used_later)
 
 
 def _insert_line(lines: list[str], index: int, new_line: str, newline: str) -> None:
