@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from nan_hunter.candidate import Candidate, Upstream
 from nan_hunter.findings import Phase
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import ScaleWindow
-from nan_hunter.rules.registry import Candidate, Upstream
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 

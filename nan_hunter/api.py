@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
+from nan_hunter.batch import LossFn
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
 from nan_hunter.findings import Report
 from nan_hunter.fixes.in_memory import patched_model_scan
-from nan_hunter.fixes.project import project_root
 from nan_hunter.fixes.verify import verify_fixes
 from nan_hunter.loader import (
     Names,
@@ -27,7 +27,7 @@ from nan_hunter.loader import (
     unwrap_model,
 )
 from nan_hunter.options import settings_with
-from nan_hunter.runner import LossFn
+from nan_hunter.project import project_root
 from nan_hunter.suppressions import apply_suppressions
 
 

@@ -81,7 +81,7 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 def _show_version(value: bool) -> None:
     if value:
-        from nan_hunter import __version__
+        from nan_hunter.version import __version__
 
         typer.echo(f"nan-hunter {__version__}")
         raise typer.Exit(EXIT_CLEAN)
@@ -342,9 +342,9 @@ def scan(
     from nan_hunter.config import load_settings
     from nan_hunter.discovery import discover, search_start
     from nan_hunter.fixes.edits import render_diff, render_patch
-    from nan_hunter.fixes.project import project_root
     from nan_hunter.fixes.select import select_fixes
     from nan_hunter.isolation import run_isolated
+    from nan_hunter.project import project_root
     from nan_hunter.targets import expand_paths
     from nan_hunter.terminal import progress_display, report_width, wants_color
 

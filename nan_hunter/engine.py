@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from nan_hunter.analysis import analyse, backward_origins, cast_inputs, failures, forward_origins
+from nan_hunter.batch import Batch
 from nan_hunter.config import Settings
 from nan_hunter.findings import (
     Applicability,
@@ -28,18 +28,19 @@ from nan_hunter.findings import (
     scale_text,
 )
 from nan_hunter.fixes.build import build_fix
-from nan_hunter.fixes.project import is_installed
-from nan_hunter.gradient_analysis import gradient_underflow
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
 from nan_hunter.precision.context import PrecisionPlan, fp32_context
 from nan_hunter.precision.formats import BF16, FP16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.progress import announce
+from nan_hunter.project import is_installed
+from nan_hunter.report import render as _render  # noqa: F401  (Report.render goes through it)
 from nan_hunter.rules.nh001_bad_input import BadInput
+from nan_hunter.rules.nh402_gradient_underflow import gradient_underflow
 from nan_hunter.rules.nh502_underflow_share import subnormal_share
 from nan_hunter.rules.registry import Candidate, advice_finding, classify, get_rule
-from nan_hunter.runner import Batch, PassResult, run_pass
+from nan_hunter.runner import PassResult, run_pass
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import TensorStats, format_number, tensor_stats
 
@@ -224,21 +225,11 @@ def _fresh(batch: Batch) -> Batch:
     """A copy of the batch for one pass: a model that writes into its inputs must not change
     the next pass's inputs, nor the caller's batch."""
 
-    def copy(x: Any) -> Any:
-        return x.clone() if isinstance(x, torch.Tensor) else x
-
-    return Batch(
-        args=tree_map(copy, batch.args), kwargs=tree_map(copy, batch.kwargs),
-        raw=tree_map(copy, batch.raw),
-    )
+    return batch.map(torch.Tensor.clone)
 
 
 def _batch_on(batch: Batch, device: str) -> Batch:
-    def move(x: Any) -> Any:
-        return x.to(device) if isinstance(x, torch.Tensor) else x
-
-    return Batch(args=tree_map(move, batch.args), kwargs=tree_map(move, batch.kwargs),
-                 raw=tree_map(move, batch.raw))
+    return batch.map(lambda x: x.to(device))
 
 
 def check_batch(batch: Batch, fmt: FloatFormat) -> list[Finding]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from nan_hunter.location import SourceLocation
 from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.trace.stats import TensorStats
 
@@ -37,16 +39,6 @@ class Applicability(str, enum.Enum):
     DISPLAY_ONLY = "display-only"
     UNSAFE = "unsafe"
     SAFE = "safe"
-
-
-@dataclass(frozen=True)
-class SourceLocation:
-    file: str
-    line: int
-    code: str
-
-    def render(self) -> str:
-        return f"{self.file}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -265,9 +257,9 @@ class Report:
         """The report in ``fmt`` (text, json, markdown, sarif, github, junit), as the CLI prints
         it; ``color`` and ``width`` (columns, at least 80; None: lines unwrapped) apply to text
         only."""
-        from nan_hunter.report import render  # lazy: nan_hunter.report imports this module
-
-        return render(self, fmt, color=color, width=width)
+        if _renderer is None:
+            raise RuntimeError("no report renderer: import nan_hunter.report first")
+        return _renderer(self, fmt, color=color, width=width)
 
     def to_json(self) -> str:
         """The JSON report (schema ``nan-hunter/report/v1``)."""
@@ -276,3 +268,17 @@ class Report:
     def to_markdown(self) -> str:
         """The Markdown report (for a PR comment or a CI job summary)."""
         return self.render("markdown")
+
+
+class Renderer(Protocol):
+    def __call__(self, report: Report, fmt: str, *, color: bool, width: int | None) -> str: ...
+
+
+_renderer: Renderer | None = None
+
+
+def use_renderer(render: Renderer) -> None:
+    """Plug in what ``Report.render`` calls: ``nan_hunter.report`` does on import. The results
+    are data; rendering lives in the layer above, which this module does not import."""
+    global _renderer
+    _renderer = render

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from nan_hunter import activity
+from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import LoadError, UserCodeError, first_line
-from nan_hunter.runner import Batch, LossFn
 from nan_hunter.trace.source import frame_origin
 
 
@@ -253,7 +253,7 @@ def forget_stale_modules(folder: Path) -> None:
     but loaded from elsewhere. A scan then imports the files as they are now (after ``--fix``,
     or another project with a package of the same name); installed packages and nan_hunter's
     own modules are kept."""
-    from nan_hunter.fixes.project import is_installed
+    from nan_hunter.project import is_installed
 
     own = Path(__file__).resolve().parent
     for name, module in list(sys.modules.items()):

@@ -25,8 +25,8 @@ import pytest
 if TYPE_CHECKING:
     import torch
 
+    from nan_hunter.batch import LossFn
     from nan_hunter.findings import Report
-    from nan_hunter.runner import LossFn
 
 _FAIL_ON = ("error", "warning")
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from nan_hunter._nest import output_leaves
+from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord
@@ -26,17 +26,6 @@ from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import frame_origin
 from nan_hunter.trace.stats import TensorStats, tensor_stats
-
-LossFn = Callable[[Any, Any], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Batch:
-    """The model's inputs: ``model(*args, **kwargs)``; ``raw`` is what ``sample_batch`` gave."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    raw: Any
 
 
 @dataclass(frozen=True)
@@ -322,15 +311,7 @@ def _to_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 
 def _batch_to(batch: Batch, dtype: torch.dtype) -> Batch:
-    def cast(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            return x.to(dtype)
-        return x
-
-    return Batch(
-        args=tree_map(cast, batch.args), kwargs=tree_map(cast, batch.kwargs),
-        raw=tree_map(cast, batch.raw),
-    )
+    return batch.map(lambda x: x.to(dtype) if x.is_floating_point() else x)
 
 
 def _describe(value: Any) -> str:

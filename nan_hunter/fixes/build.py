@@ -13,9 +13,9 @@ from pathlib import Path
 from nan_hunter.findings import Applicability, Edit, Fix, SourceLocation
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.project import project_root
 from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
 from nan_hunter.fixes.source import read_source
+from nan_hunter.project import project_root
 from nan_hunter.rules.registry import Candidate, FixPlan
 
 

@@ -21,7 +21,7 @@ import torch
 
 from nan_hunter.errors import LoadError
 from nan_hunter.findings import Report
-from nan_hunter.fixes.project import in_project, project_root
+from nan_hunter.project import in_project, project_root
 
 
 def patched_model_scan(

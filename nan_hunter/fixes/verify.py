@@ -25,8 +25,8 @@ from pathlib import Path
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Finding, Fix, Report, SourceLocation
 from nan_hunter.fixes.edits import PatchedFile, patch_files
-from nan_hunter.fixes.project import is_installed, project_root
 from nan_hunter.progress import announce
+from nan_hunter.project import is_installed, project_root
 
 Rescan = Callable[[Path], Report]
 """Scans an entry file with the options of the original scan (without verifying)."""

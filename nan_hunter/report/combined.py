@@ -17,7 +17,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from nan_hunter import __version__
 from nan_hunter.findings import Failed, Report
 from nan_hunter.report.github import escape_data, render_github
 from nan_hunter.report.json_report import report_dict
@@ -25,6 +24,7 @@ from nan_hunter.report.junit import render_junit_many
 from nan_hunter.report.markdown import render_markdown
 from nan_hunter.report.sarif import render_sarif_many
 from nan_hunter.report.text import render_text
+from nan_hunter.version import __version__
 
 SCHEMA = "nan-hunter/reports/v1"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nan_hunter import __version__
 from nan_hunter.findings import Finding, Fix, OpRef, Report, SourceLocation
 from nan_hunter.report.paths import display_path
+from nan_hunter.version import __version__
 
 SCHEMA = "nan-hunter/report/v1"
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from nan_hunter import __version__
 from nan_hunter.findings import Edit, Finding, Fix, OpRef, Report, Severity
 from nan_hunter.fixes.edits import by_file, combine
 from nan_hunter.fixes.source import SourceError, read_source, split_lines
 from nan_hunter.report.paths import repository_relative
 from nan_hunter.rules.registry import Rule, all_rules
+from nan_hunter.version import __version__
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"

@@ -8,23 +8,16 @@ first; the generic fallback is registered last.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
+from nan_hunter.candidate import Candidate
 from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
-from nan_hunter.precision.formats import FloatFormat
-from nan_hunter.precision.gradients import ScaleWindow
-from nan_hunter.trace.events import GradEvent, OpEvent
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """An earlier op that made the culprit's inputs wrong in low precision only."""
-
-    event: OpEvent
-    reason: str
-    """``"eps"``: a Python scalar that rounds to 0; ``"flush"``: values flushed to 0."""
+from nan_hunter.trace.events import OpEvent
 
 
 @dataclass(frozen=True)
@@ -51,64 +44,6 @@ class FixPlan:
     """The plan to use when this one's edit cannot be made."""
     alternatives: tuple[FixPlan, ...] = ()
     """Further fixes, usually less safe, offered with this one."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """Everything a rule may look at for one finding candidate."""
-
-    phase: Phase
-    event: OpEvent
-    """The forward op (for a backward finding: the op whose backward produced the gradient)."""
-    fmt: FloatFormat
-    reference: OpEvent | None = None
-    """The same op in the FP32 reference run."""
-    grad: GradEvent | None = None
-    ref_grad: GradEvent | None = None
-    cast_inputs: tuple[int, ...] = ()
-    """Positions of FP32 inputs beyond the format's range that autocast cast down."""
-    upstream: Upstream | None = None
-    own_inputs_finite: bool | None = None
-    producer_lines: tuple[int, ...] = ()
-    """Lines (same file) of the ops that produced the out-of-range operands."""
-    ref_backward_finite: bool | None = None
-    """For a backward op with no backward node in FP32: whether the whole FP32 backward was."""
-    scale_window: ScaleWindow | None = None
-    """Loss scales that keep the FP16 gradients healthy (emulated backward only)."""
-    grad_scale: float = 1.0
-    """The loss scale the backward ran with."""
-    input_producers: tuple[OpEvent, ...] = ()
-    """The ops that produced this op's inputs (forward only)."""
-    out_of_range_consumers: tuple[OpEvent, ...] = ()
-    """Ops after this one (same file) whose FP32 values are still beyond the format's range,
-    and the first that brings them back: where a half-mode region must end."""
-    rounded_chain: tuple[OpEvent, ...] = ()
-    """When FP32 fails on the op's own low-precision inputs: the ops upstream, in the same
-    file, whose results were rounded to the low-precision format (the region grows to them)."""
-    contained: bool = False
-    """The non-finite values only reach integer/boolean results: harmless to training."""
-
-    @property
-    def ref_finite(self) -> bool | None:
-        if self.phase is Phase.BACKWARD:
-            if self.ref_grad is None:
-                return self.ref_backward_finite
-            return all(s.finite for s in self.ref_grad.produced)
-        if self.reference is None:
-            return None
-        return self.reference.outputs_finite
-
-    @property
-    def ref_abs_max(self) -> float | None:
-        stats = self.ref_grad.produced if self.phase is Phase.BACKWARD and self.ref_grad else (
-            self.reference.outputs if self.reference else ()
-        )
-        values = [s.abs_max for s in stats if s.abs_max is not None]
-        return max(values) if values else None
-
-    @property
-    def op_name(self) -> str:
-        return self.event.op.rsplit(".", 1)[-1].strip("_")
 
 
 class Rule:
@@ -165,6 +100,7 @@ def advice_finding(
 
 
 _REGISTRY: dict[str, Rule] = {}
+_LOADED = False
 R = TypeVar("R", bound=type[Rule])
 
 
@@ -201,4 +137,12 @@ def _priority(rule: Rule) -> tuple[int, str]:
 
 
 def _load_rules() -> None:
-    from nan_hunter.rules import catalog  # noqa: F401  (importing registers the rules)
+    """Import every rule module of this package once (``nh<code>_<name>.py``): importing one
+    registers its rule. Two modules with the same code are an error (``register``)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if module.name.startswith("nh"):
+            importlib.import_module(f"{__package__}.{module.name}")

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
 from nan_hunter._nest import call_leaves, leaves, output_leaves
-from nan_hunter.findings import SourceLocation
+from nan_hunter.location import SourceLocation
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace import deferred

@@ -6,11 +6,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
+from nan_hunter.batch import Batch, LossFn
 from nan_hunter.config import Settings
 from nan_hunter.errors import ConfigError, NanHunterError, UserCodeError, first_line
 from nan_hunter.findings import Report
@@ -18,7 +17,7 @@ from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
 from nan_hunter.precision.formats import format_for
 from nan_hunter.progress import announce
-from nan_hunter.runner import Batch, LossFn, default_loss
+from nan_hunter.runner import default_loss
 from nan_hunter.training.checks import ScaleWatch, bad_grad_names, grads_finite_flag
 from nan_hunter.training.events import StepsResult
 from nan_hunter.training.verdict import step_verdict
@@ -31,14 +30,11 @@ def _batch_copy(batch: Batch, device: str, dtype: torch.dtype | None = None) -> 
     """A copy of ``batch`` on ``device`` (floating tensors in ``dtype`` when given), fresh for
     each step: a model or loss that writes into its inputs must not change the next step's."""
 
-    def move(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
+    def move(x: torch.Tensor) -> torch.Tensor:
         cast = dtype if dtype is not None and x.is_floating_point() else x.dtype
         return x.to(device=device, dtype=cast, copy=True)
 
-    return Batch(args=tree_map(move, batch.args), kwargs=tree_map(move, batch.kwargs),
-                 raw=tree_map(move, batch.raw))
+    return batch.map(move)
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from nan_hunter.batch import LossFn
 from nan_hunter.config import Settings
 from nan_hunter.errors import ConfigError, NanHunterError, first_line
 from nan_hunter.findings import Report
 from nan_hunter.options import explicitly_set, settings_with
-from nan_hunter.runner import LossFn
 from nan_hunter.safe_write import write_file
 from nan_hunter.training.checks import (
     ScaleWatch,

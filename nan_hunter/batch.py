@@ -1,0 +1,33 @@
+"""The model's inputs and the loss function's type: the value types the loader, the runner and
+the training checks share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The model's inputs: ``model(*args, **kwargs)``; ``raw`` is what ``sample_batch`` gave."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    raw: Any
+
+    def map(self, fn: Callable[[torch.Tensor], Any]) -> Batch:
+        """A batch with ``fn`` applied to every tensor in it (other leaves kept as they are)."""
+
+        def leaf(x: Any) -> Any:
+            return fn(x) if isinstance(x, torch.Tensor) else x
+
+        return Batch(
+            args=tree_map(leaf, self.args), kwargs=tree_map(leaf, self.kwargs),
+            raw=tree_map(leaf, self.raw),
+        )

@@ -1,0 +1,78 @@
+"""What the analysis hands the rules: one finding candidate (an origin op or a warning site),
+with everything a rule may look at to classify it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nan_hunter.findings import Phase
+from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.gradients import ScaleWindow
+from nan_hunter.trace.events import GradEvent, OpEvent
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """An earlier op that made the culprit's inputs wrong in low precision only."""
+
+    event: OpEvent
+    reason: str
+    """``"eps"``: a Python scalar that rounds to 0; ``"flush"``: values flushed to 0."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Everything a rule may look at for one finding candidate."""
+
+    phase: Phase
+    event: OpEvent
+    """The forward op (for a backward finding: the op whose backward produced the gradient)."""
+    fmt: FloatFormat
+    reference: OpEvent | None = None
+    """The same op in the FP32 reference run."""
+    grad: GradEvent | None = None
+    ref_grad: GradEvent | None = None
+    cast_inputs: tuple[int, ...] = ()
+    """Positions of FP32 inputs beyond the format's range that autocast cast down."""
+    upstream: Upstream | None = None
+    own_inputs_finite: bool | None = None
+    producer_lines: tuple[int, ...] = ()
+    """Lines (same file) of the ops that produced the out-of-range operands."""
+    ref_backward_finite: bool | None = None
+    """For a backward op with no backward node in FP32: whether the whole FP32 backward was."""
+    scale_window: ScaleWindow | None = None
+    """Loss scales that keep the FP16 gradients healthy (emulated backward only)."""
+    grad_scale: float = 1.0
+    """The loss scale the backward ran with."""
+    input_producers: tuple[OpEvent, ...] = ()
+    """The ops that produced this op's inputs (forward only)."""
+    out_of_range_consumers: tuple[OpEvent, ...] = ()
+    """Ops after this one (same file) whose FP32 values are still beyond the format's range,
+    and the first that brings them back: where a half-mode region must end."""
+    rounded_chain: tuple[OpEvent, ...] = ()
+    """When FP32 fails on the op's own low-precision inputs: the ops upstream, in the same
+    file, whose results were rounded to the low-precision format (the region grows to them)."""
+    contained: bool = False
+    """The non-finite values only reach integer/boolean results: harmless to training."""
+
+    @property
+    def ref_finite(self) -> bool | None:
+        if self.phase is Phase.BACKWARD:
+            if self.ref_grad is None:
+                return self.ref_backward_finite
+            return all(s.finite for s in self.ref_grad.produced)
+        if self.reference is None:
+            return None
+        return self.reference.outputs_finite
+
+    @property
+    def ref_abs_max(self) -> float | None:
+        stats = self.ref_grad.produced if self.phase is Phase.BACKWARD and self.ref_grad else (
+            self.reference.outputs if self.reference else ()
+        )
+        values = [s.abs_max for s in stats if s.abs_max is not None]
+        return max(values) if values else None
+
+    @property
+    def op_name(self) -> str:
+        return self.event.op.rsplit(".", 1)[-1].strip("_")
