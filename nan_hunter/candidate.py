@@ -1,13 +1,17 @@
-"""What the analysis hands the rules: one finding candidate (an origin op or a warning site),
-with everything a rule may look at to classify it."""
+"""What the analysis hands the rules: one origin candidate with everything a rule may look at
+to classify it (``Candidate``), and the whole scan for rules that find their own sites
+(``ScanEvidence``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nan_hunter.batch import Batch
+from nan_hunter.config import Settings
 from nan_hunter.findings import Phase
 from nan_hunter.precision.formats import FloatFormat
-from nan_hunter.precision.gradients import ScaleWindow
+from nan_hunter.precision.gradients import GradientLog, ScaleWindow
+from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import GradEvent, OpEvent
 
 
@@ -76,3 +80,18 @@ class Candidate:
     @property
     def op_name(self) -> str:
         return self.event.op.rsplit(".", 1)[-1].strip("_")
+
+
+@dataclass(frozen=True)
+class ScanEvidence:
+    """Everything a site rule may look at: the settings, the batch and, once it ran, the
+    low-precision pass with its gradient log and loss-scale window."""
+
+    settings: Settings
+    fmt: FloatFormat
+    batch: Batch
+    low: PassResult | None = None
+    log: GradientLog | None = None
+    window: ScaleWindow | None = None
+    scale: float = 1.0
+    """The loss scale the low-precision backward ran with."""

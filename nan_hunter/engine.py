@@ -5,44 +5,32 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
 
 import torch
 
-from nan_hunter.analysis import analyse, backward_origins, cast_inputs, failures, forward_origins
+from nan_hunter.analysis import analyse, backward_origins, failures, forward_origins
 from nan_hunter.batch import Batch
+from nan_hunter.candidate import Candidate, ScanEvidence
 from nan_hunter.config import Settings
 from nan_hunter.findings import (
-    Applicability,
     Finding,
-    Fix,
-    Fp32Rerun,
-    Kind,
     LossScaling,
-    OpRef,
     Phase,
     Report,
     ScanTarget,
-    Severity,
-    SourceLocation,
     scale_text,
 )
-from nan_hunter.fixes.build import build_fix
+from nan_hunter.fixes.build import build_fix, edit_site
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
 from nan_hunter.precision.context import PrecisionPlan, fp32_context
-from nan_hunter.precision.formats import BF16, FP16, FloatFormat, format_for
+from nan_hunter.precision.formats import BF16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.progress import announce
-from nan_hunter.project import is_installed
 from nan_hunter.report import render as _render  # noqa: F401  (Report.render goes through it)
-from nan_hunter.rules.nh001_bad_input import BadInput
-from nan_hunter.rules.nh402_gradient_underflow import gradient_underflow
-from nan_hunter.rules.nh502_underflow_share import subnormal_share
-from nan_hunter.rules.registry import Candidate, advice_finding, classify, get_rule
+from nan_hunter.rules.registry import classify, origin_finding, site_rules
 from nan_hunter.runner import PassResult, run_pass
-from nan_hunter.trace.events import OpEvent
-from nan_hunter.trace.stats import TensorStats, format_number, tensor_stats
+from nan_hunter.trace.stats import TensorStats
 
 
 def scan_target(target: Target, settings: Settings) -> Report:
@@ -60,7 +48,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
     model = target.model.to(device)
     batch = _batch_on(target.batch, device)
 
-    bad = [f for f in check_batch(batch, fmt) if settings.rule_enabled(f.code)]
+    bad = _detected("inputs", ScanEvidence(settings, fmt, batch))
     if bad:
         return Report(info, tuple(bad), 0, 0, 0, time.perf_counter() - started)
 
@@ -113,9 +101,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
-    warnings = _warnings(low, fmt, settings) + gradient_underflow(
-        low, log, window, settings, fmt, scale
-    )
+    warnings = _detected("pass", ScanEvidence(settings, fmt, batch, low, log, window, scale))
     findings = sorted(errors, key=_order) + warnings[: settings.max_warnings]
     return Report(
         target=info,
@@ -232,219 +218,33 @@ def _batch_on(batch: Batch, device: str) -> Batch:
     return batch.map(lambda x: x.to(device))
 
 
-def check_batch(batch: Batch, fmt: FloatFormat) -> list[Finding]:
-    """One NH001 finding per batch tensor that already holds NaN or inf."""
-    rule = BadInput()
-    named = [(f"args[{i}]", x) for i, x in enumerate(batch.args)]
-    named += [(f"kwargs[{k!r}]", x) for k, x in batch.kwargs.items()]
-    findings = []
-    for name, value in _named_tensors(named):
-        if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
-            continue
-        bad = ~torch.isfinite(value)
-        if not bool(bad.any()):
-            continue
-        stats = tensor_stats(torch.view_as_real(value) if value.is_complex() else value, fmt)
-        indices = [[int(i) for i in row] for row in torch.nonzero(bad)[:5].tolist()]
-        findings.append(
-            Finding(
-                code=rule.code,
-                severity=rule.severity,
-                kind=rule.kind,
-                phase=Phase.FORWARD,
-                op="",
-                module="",
-                location=None,
-                origin=True,
-                message=rule.describe(name, stats.nan, stats.posinf + stats.neginf, indices),
-                fix=Fix(
-                    title="Clean the input data (preprocessing, nan_to_num)",
-                    applicability=Applicability.DISPLAY_ONLY,
-                    diff=None,
-                ),
-                inputs=(stats,),
-            )
-        )
-    return findings
-
-
-def _named_tensors(named: list[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
-    out: list[tuple[str, torch.Tensor]] = []
-    for name, value in named:
-        if isinstance(value, torch.Tensor):
-            out.append((name, value))
-        elif isinstance(value, (list, tuple)):
-            out.extend(_named_tensors([(f"{name}[{i}]", v) for i, v in enumerate(value)]))
-        elif isinstance(value, dict):
-            out.extend(_named_tensors([(f"{name}[{k!r}]", v) for k, v in value.items()]))
-    return out
-
-
 def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
     rule = classify(c)
     if not settings.rule_enabled(rule.code):
         return None
-    event = c.event
-    fp32 = None
-    if c.ref_finite is not None:
-        fp32 = Fp32Rerun(finite=c.ref_finite, abs_max=c.ref_abs_max,
-                         own_inputs_finite=c.own_inputs_finite)
-    upstream = None
-    if c.upstream is not None:
-        up = c.upstream.event
-        upstream = OpRef(op=up.op, module=up.module, location=up.location, reason=c.upstream.reason)
     plan = rule.fix(c)
-    site = _edit_site(event)
+    site = edit_site(c.event)
     half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
     fix = (
         build_fix(c, plan, device=device, site=site, half_dtype=half_dtype)
         if plan is not None else None
     )
-    severity, notes = rule.severity, _bf16_alternative(c, rule.kind_for(c))
-    if c.contained:
-        severity = Severity.INFO
-        notes = (
-            "contained: these non-finite values only reach integer or boolean results "
-            "(indices, masks); no floating value downstream depends on them",
-        )
-    return Finding(
-        code=rule.code,
-        severity=severity,
-        kind=rule.kind_for(c),
-        phase=c.phase,
-        op=event.op,
-        module=event.module,
-        location=event.location,
-        origin=True,
-        message=rule.message(c),
-        fp32_rerun=fp32,
-        fix=fix,
-        inputs=event.inputs if c.grad is None else c.grad.incoming,
-        outputs=event.outputs if c.grad is None else c.grad.produced,
-        upstream=upstream,
-        op_index=event.index,
-        notes=notes,
-        call_site=site if site is not event.location else None,
+    return origin_finding(
+        rule, c, fix=fix, call_site=site if site is not c.event.location else None
     )
 
 
-def _edit_site(event: OpEvent) -> SourceLocation | None:
-    """Where a fix for ``event`` goes: its own line when that is in the user's code, else
-    the nearest call site in the user's project (the op ran in an installed library)."""
-    if event.location is None:
-        return None
-    if event.in_user_code and not is_installed(event.location.file):
-        return event.location
-    return event.call_site
-
-
-def _bf16_alternative(c: Candidate, kind: Kind) -> tuple[str, ...]:
-    """"BF16 would avoid this" when an FP16 culprit's FP32 values fit BF16's range."""
-    if c.fmt is not FP16 or c.ref_finite is not True:
-        return ()
-    largest = max(
-        [c.ref_abs_max or 0.0] + [c.event.inputs[i].abs_max or 0.0 for i in c.cast_inputs]
-    )
-    if kind is Kind.OVERFLOW and 0.0 < largest < BF16.max:
-        reach = format_number(largest)
-        return (
-            f"BF16 would avoid this: its range reaches {format_number(BF16.max)} and this op's "
-            f"FP32 values reach {reach}; use torch.autocast(..., dtype=torch.bfloat16)",
-        )
-    if kind is Kind.UNDERFLOW:
-        return (
-            "BF16 would avoid this: its smallest normal is "
-            f"{format_number(BF16.smallest_normal)}, so small values and eps constants survive; "
-            "use torch.autocast(..., dtype=torch.bfloat16)",
-        )
-    return ()
-
-
-def _warnings(low: PassResult, fmt: FloatFormat, settings: Settings) -> list[Finding]:
-    """NH501 (FP32 results beyond range, not cast) and NH502 (subnormal share), one per site."""
-    cast_producers = _cast_chains(low, fmt)
-    found: list[Finding] = []
-    seen: set[tuple[str, str, str, int]] = set()
-    for event in low.events:
-        if not event.inputs_finite or not event.outputs_finite:
-            continue
-        code = None
-        if (
-            event.index in low.escaped
-            and event.index not in cast_producers
-            and _out_of_range_at_risk(event, fmt)
-        ):
-            code = "NH501"
-        elif _underflows(event, fmt, settings):
-            code = "NH502"
-        if code is None or not settings.rule_enabled(code):
-            continue
-        site = (code, event.op, event.location.file if event.location else "",
-                event.location.line if event.location else 0)
-        if site in seen:
-            continue
-        seen.add(site)
-        rule = get_rule(code)
-        assert rule is not None
-        c = Candidate(phase=Phase.FORWARD, event=event, fmt=fmt)
-        plan = rule.fix(c)
-        found.append(
-            advice_finding(
-                rule,
-                event,
-                phase=Phase.FORWARD,
-                message=rule.message(c),
-                fix_title=plan.title if plan else None,
-            )
-        )
-    return found
-
-
-def _cast_chains(low: PassResult, fmt: FloatFormat) -> set[int]:
-    """Ops whose out-of-range output reaches an NH101 cast, directly or through ops that pass
-    the value on (ReLU, an eval-mode Dropout): NH101 already blames them, no NH501 too."""
-    found: set[int] = set()
-    stack = [
-        e.producers[i]
-        for e in forward_origins(low)
-        for i in cast_inputs(e, fmt)
-        if e.producers[i] is not None
+def _detected(stage: str, scan: ScanEvidence) -> list[Finding]:
+    """The findings of the enabled site rules of ``stage``. Warnings list forward ones in pass
+    order, then backward ones in the order their rules give."""
+    found = [
+        finding
+        for rule in site_rules(stage)
+        if scan.settings.rule_enabled(rule.code)
+        for finding in rule.detect(scan)
     ]
-    while stack:
-        index = stack.pop()
-        if index is None or index in found:
-            continue
-        event = low.events[index]
-        if not any(s.exceeds(fmt.max) for s in event.outputs):
-            continue
-        found.add(index)
-        stack.extend(
-            p for p, s in zip(event.producers, event.inputs, strict=False) if s.exceeds(fmt.max)
-        )
-    return found
+    return sorted(found, key=_site_order)
 
 
-def _out_of_range_at_risk(event: OpEvent, fmt: FloatFormat) -> bool:
-    """An FP32 result beyond ``fmt``'s range, made by this op (not passed through from an
-    input), where autocast is on and could cast it down. Loss ops and FP32 regions the user
-    opened with ``autocast(enabled=False)`` are not at risk; the caller also requires that the
-    value leaves its module, so that a later layer may cast it (values that FP32 ops consume
-    inside the module, as ``x.pow(2).mean()`` in a norm, are not at risk)."""
-    if event.in_loss or not event.autocast:
-        return False
-    largest_in = max((s.abs_max or 0.0 for s in event.inputs), default=0.0)
-    return any(
-        s.dtype == "float32" and s.exceeds(fmt.max) and (s.abs_max or 0.0) > largest_in
-        for s in event.outputs
-    )
-
-
-def _underflows(event: OpEvent, fmt: FloatFormat, settings: Settings) -> bool:
-    if not any(s.dtype == fmt.name for s in event.outputs):
-        return False
-    tiny = sum(s.tiny or 0 for s in event.outputs)
-    if tiny < settings.underflow_min_count:
-        return False
-    c = Candidate(phase=Phase.FORWARD, event=event, fmt=fmt)
-    return subnormal_share(c) >= settings.underflow_share
-
+def _site_order(f: Finding) -> tuple[int, int]:
+    return (0, f.op_index or 0) if f.phase is Phase.FORWARD else (1, 0)

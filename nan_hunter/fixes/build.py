@@ -15,8 +15,9 @@ from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.fixes.edits import edits_between, render_diff
 from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
 from nan_hunter.fixes.source import read_source
-from nan_hunter.project import project_root
+from nan_hunter.project import is_installed, project_root
 from nan_hunter.rules.registry import Candidate, FixPlan
+from nan_hunter.trace.events import OpEvent
 
 
 def make_fix(
@@ -27,6 +28,16 @@ def make_fix(
         return Fix(title=title, applicability=Applicability.DISPLAY_ONLY)
     return Fix(title=title, applicability=applicability, edits=edits,
                diff=render_diff(edits, root))
+
+
+def edit_site(event: OpEvent) -> SourceLocation | None:
+    """Where a fix for ``event`` goes: its own line when that is in the user's code, else
+    the nearest call site in the user's project (the op ran in an installed library)."""
+    if event.location is None:
+        return None
+    if event.in_user_code and not is_installed(event.location.file):
+        return event.location
+    return event.call_site
 
 
 def build_fix(

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Kind, Severity
-from nan_hunter.rules.registry import Candidate, Rule, register
+from typing import Any
+
+import torch
+
+from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
+from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
+from nan_hunter.trace.stats import tensor_stats
 
 
 @register
-class BadInput(Rule):
+class BadInput(SiteRule):
     code = "NH001"
     name = "bad-input"
     severity = Severity.ERROR
@@ -34,8 +39,43 @@ Clean the data: check the preprocessing that produced these indices
 (`torch.nan_to_num`, a guarded normalisation, or drop the samples). No automatic fix.
 """
 
-    def matches(self, c: Candidate) -> bool:
-        return False  # built directly from the batch check, never from an op
+    stage = "inputs"
+
+    def detect(self, scan: ScanEvidence) -> list[Finding]:
+        """One finding per batch tensor that already holds NaN or inf."""
+        batch = scan.batch
+        named = [(f"args[{i}]", x) for i, x in enumerate(batch.args)]
+        named += [(f"kwargs[{k!r}]", x) for k, x in batch.kwargs.items()]
+        findings = []
+        for name, value in _named_tensors(named):
+            if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
+                continue
+            bad = ~torch.isfinite(value)
+            if not bool(bad.any()):
+                continue
+            real = torch.view_as_real(value) if value.is_complex() else value
+            stats = tensor_stats(real, scan.fmt)
+            indices = [[int(i) for i in row] for row in torch.nonzero(bad)[:5].tolist()]
+            findings.append(
+                Finding(
+                    code=self.code,
+                    severity=self.severity,
+                    kind=self.kind,
+                    phase=Phase.FORWARD,
+                    op="",
+                    module="",
+                    location=None,
+                    origin=True,
+                    message=self.describe(name, stats.nan, stats.posinf + stats.neginf, indices),
+                    fix=Fix(
+                        title="Clean the input data (preprocessing, nan_to_num)",
+                        applicability=Applicability.DISPLAY_ONLY,
+                        diff=None,
+                    ),
+                    inputs=(stats,),
+                )
+            )
+        return findings
 
     def describe(self, name: str, nan: int, inf: int, indices: list[list[int]]) -> str:
         shown = ", ".join(str(i) for i in indices)
@@ -44,3 +84,15 @@ Clean the data: check the preprocessing that produced these indices
             f"input {name} contains {nan} NaN and {inf} inf values before any op runs "
             f"(at {shown}{more}); nothing downstream is blamed on an op"
         )
+
+
+def _named_tensors(named: list[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, value in named:
+        if isinstance(value, torch.Tensor):
+            out.append((name, value))
+        elif isinstance(value, (list, tuple)):
+            out.extend(_named_tensors([(f"{name}[{i}]", v) for i, v in enumerate(value)]))
+        elif isinstance(value, dict):
+            out.extend(_named_tensors([(f"{name}[{k!r}]", v) for k, v in value.items()]))
+    return out

@@ -17,14 +17,22 @@ from nan_hunter.config import Settings
 from nan_hunter.findings import Finding, Kind, Phase, Severity, scale_text
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import FlushStats, GradientLog, ScaleWindow, scale_advice
-from nan_hunter.rules.registry import Candidate, FixPlan, Rule, advice_finding, register
+from nan_hunter.rules.registry import (
+    Candidate,
+    FixPlan,
+    Rule,
+    ScanEvidence,
+    SiteRule,
+    advice_finding,
+    register,
+)
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import format_number
 
 
 @register
-class GradientUnderflow(Rule):
+class GradientUnderflow(SiteRule):
     code = "NH402"
     name = "gradient-underflow"
     severity = Severity.WARNING
@@ -60,8 +68,11 @@ Scale the loss with `torch.amp.GradScaler(init_scale=2**k)`, `k` as recommended 
 scale fits, keep the offending layers in FP32 or train in BF16. Display-only advice.
 """
 
-    def matches(self, c: Candidate) -> bool:
-        return False  # built directly by the gradient analysis
+    def detect(self, scan: ScanEvidence) -> list[Finding]:
+        assert scan.low is not None
+        return gradient_underflow(
+            scan.low, scan.log, scan.window, scan.settings, scan.fmt, scan.scale
+        )
 
     def fix(self, c: Candidate) -> FixPlan:
         return FixPlan(title="Use torch.amp.GradScaler with the recommended init_scale")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Kind, Severity
-from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
+from nan_hunter.config import Settings
+from nan_hunter.findings import Finding, Kind, Phase, Severity
+from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.rules.nh501_fp32_out_of_range import at_risk, site_findings
+from nan_hunter.rules.registry import Candidate, FixPlan, ScanEvidence, SiteRule, register
+from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import format_number
 
 
@@ -14,7 +18,7 @@ def subnormal_share(c: Candidate) -> float:
 
 
 @register
-class UnderflowShare(Rule):
+class UnderflowShare(SiteRule):
     code = "NH502"
     name = "activation-underflow"
     severity = Severity.WARNING
@@ -38,8 +42,18 @@ p = torch.softmax(scores, -1)                 # long sequences: most p ~ 1e-6
 Rescale the values, compute them in FP32, or use BF16. Display-only advice.
 """
 
-    def matches(self, c: Candidate) -> bool:
-        return False  # built directly by the warning scan
+    def detect(self, scan: ScanEvidence) -> list[Finding]:
+        """One warning per site whose low-precision output is mostly subnormal; a site NH501
+        warns about (enabled or not) is NH501's."""
+        low = scan.low
+        assert low is not None
+        nh501 = {e.index for e in at_risk(low, scan.fmt)}
+        events = [
+            e for e in low.events
+            if e.inputs_finite and e.outputs_finite and e.index not in nh501
+            and _underflows(e, scan.fmt, scan.settings)
+        ]
+        return site_findings(self, scan, events)
 
     def message(self, c: Candidate) -> str:
         share = subnormal_share(c)
@@ -51,3 +65,13 @@ Rescale the values, compute them in FP32, or use BF16. Display-only advice.
 
     def fix(self, c: Candidate) -> FixPlan:
         return FixPlan(title="Rescale these values or compute them in FP32")
+
+
+def _underflows(event: OpEvent, fmt: FloatFormat, settings: Settings) -> bool:
+    if not any(s.dtype == fmt.name for s in event.outputs):
+        return False
+    tiny = sum(s.tiny or 0 for s in event.outputs)
+    if tiny < settings.underflow_min_count:
+        return False
+    c = Candidate(phase=Phase.FORWARD, event=event, fmt=fmt)
+    return subnormal_share(c) >= settings.underflow_share

@@ -1,9 +1,16 @@
 """The one rule registry: every finding code nan-hunter can emit, with its documentation.
 
-A rule classifies one candidate (an origin op, a warning site or a bad input) that the analysis
-found: ``matches`` decides whether the rule explains it, ``message`` says what happened in one
-sentence, ``fix`` says what to change. Rules are tried in registration order, most specific
-first; the generic fallback is registered last.
+Every rule is a detector, of one of two kinds:
+
+* an origin rule (``Rule``) classifies one origin candidate that the analysis found (the first
+  op to go inf/NaN): ``matches`` decides whether the rule explains it, ``message`` says what
+  happened in one sentence, ``fix`` says what to change. ``classify`` tries them by
+  ``priority``, most specific first; the generic fallback comes last.
+* a site rule (``SiteRule``) finds its own sites in the whole scan (``detect``): a bad input
+  before any pass (stage ``"inputs"``), or a warning after the low-precision pass (``"pass"``).
+
+Rules live one per module, ``rules/nh<code>_<name>.py``, and register themselves with
+``@register``; the registry imports every such module of the package on first use.
 """
 
 from __future__ import annotations
@@ -15,8 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from nan_hunter.candidate import Candidate
-from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
+from nan_hunter.candidate import Candidate, ScanEvidence
+from nan_hunter.findings import (
+    Applicability,
+    Finding,
+    Fix,
+    Fp32Rerun,
+    Kind,
+    OpRef,
+    Phase,
+    Severity,
+)
+from nan_hunter.location import SourceLocation
+from nan_hunter.rules._notes import CONTAINED, bf16_alternative
 from nan_hunter.trace.events import OpEvent
 
 
@@ -70,6 +88,58 @@ class Rule:
         return None
 
 
+class SiteRule(Rule):
+    """A rule that finds its own sites in the whole scan instead of classifying an origin."""
+
+    stage: str = "pass"
+    """``"inputs"``: run on the batch before any pass; ``"pass"``: after the low-precision
+    pass (warnings)."""
+
+    def matches(self, c: Candidate) -> bool:
+        return False  # never the explanation of an origin
+
+    def detect(self, scan: ScanEvidence) -> list[Finding]:
+        raise NotImplementedError
+
+
+def origin_finding(
+    rule: Rule, c: Candidate, *, fix: Fix | None, call_site: SourceLocation | None
+) -> Finding:
+    """The finding for an origin candidate that ``rule`` explains, with the ``fix`` built for it
+    and ``call_site`` (where the edit goes, when not the op's own line)."""
+    event = c.event
+    fp32 = None
+    if c.ref_finite is not None:
+        fp32 = Fp32Rerun(finite=c.ref_finite, abs_max=c.ref_abs_max,
+                         own_inputs_finite=c.own_inputs_finite)
+    upstream = None
+    if c.upstream is not None:
+        up = c.upstream.event
+        upstream = OpRef(op=up.op, module=up.module, location=up.location, reason=c.upstream.reason)
+    severity, notes = rule.severity, bf16_alternative(c, rule.kind_for(c))
+    if c.contained:
+        severity, notes = Severity.INFO, (CONTAINED,)
+    return Finding(
+        code=rule.code,
+        severity=severity,
+        kind=rule.kind_for(c),
+        phase=c.phase,
+        op=event.op,
+        module=event.module,
+        location=event.location,
+        origin=True,
+        message=rule.message(c),
+        fp32_rerun=fp32,
+        fix=fix,
+        inputs=event.inputs if c.grad is None else c.grad.incoming,
+        outputs=event.outputs if c.grad is None else c.grad.produced,
+        upstream=upstream,
+        op_index=event.index,
+        notes=notes,
+        call_site=call_site,
+    )
+
+
 def advice_finding(
     rule: Rule,
     event: OpEvent,
@@ -121,6 +191,13 @@ def all_rules() -> list[Rule]:
 def get_rule(code: str) -> Rule | None:
     _load_rules()
     return _REGISTRY.get(code.upper())
+
+
+def site_rules(stage: str) -> list[SiteRule]:
+    """The site rules of ``stage`` (``"inputs"`` or ``"pass"``), by priority."""
+    _load_rules()
+    rules = sorted(_REGISTRY.values(), key=_priority)
+    return [r for r in rules if isinstance(r, SiteRule) and r.stage == stage]
 
 
 def classify(c: Candidate, codes: Callable[[Rule], bool] = lambda r: True) -> Rule:
