@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from nan_hunter.choices import SETTING_CHOICES
 from nan_hunter.errors import ConfigError
 from nan_hunter.resources import default_config_file
 
@@ -33,12 +34,7 @@ DYNAMIC = "dynamic"
 
 _SHARES = frozenset({"underflow_share", "grad_underflow_share"})
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "dtype": ("float16", "bfloat16"),
-    "device": ("auto", "cpu", "cuda"),
-    "mode": ("autocast", "half"),
-    "policy": ("cuda", "cpu", "native"),
-    "numerics": ("emulated", "real"),
-    "fail_on": ("error", "warning"),
+    key: tuple(member.value for member in choices) for key, choices in SETTING_CHOICES.items()
 }
 
 

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.activity", "nan_hunter.progress", "nan_hunter.terminal",
         "nan_hunter.location", "nan_hunter.project", "nan_hunter.batch",
         "nan_hunter.config", "nan_hunter.options", "nan_hunter.discovery",
-        "nan_hunter.targets", "nan_hunter.safe_write",
+        "nan_hunter.targets", "nan_hunter.safe_write", "nan_hunter.choices",
     )),
     ("precision/trace", ("nan_hunter.precision", "nan_hunter.trace")),
     ("load/run", ("nan_hunter.loader", "nan_hunter.runner")),
@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.api", "nan_hunter.training", "nan_hunter.watch",
         "nan_hunter.integrations", "nan_hunter.pytest_plugin",
     )),
+    ("command line", ("nan_hunter.cli_options", "nan_hunter.scan_command")),
     ("cli", ("nan_hunter.cli", "nan_hunter.__main__", "nan_hunter")),
 )
 

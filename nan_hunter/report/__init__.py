@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from nan_hunter.choices import OutputFormat
 from nan_hunter.findings import Report, use_renderer
 from nan_hunter.report.github import render_github
 from nan_hunter.report.json_report import render_json
@@ -12,7 +13,7 @@ from nan_hunter.report.markdown import render_markdown
 from nan_hunter.report.sarif import render_sarif
 from nan_hunter.report.text import render_text
 
-FORMATS = ("text", "json", "markdown", "sarif", "github", "junit")
+FORMATS = tuple(f.value for f in OutputFormat)
 
 _PLAIN: dict[str, Callable[[Report], str]] = {
     "json": render_json,

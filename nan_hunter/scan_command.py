@@ -1,0 +1,345 @@
+"""What ``nan-hunter scan`` does below its typer declarations: settings from the flags, one
+scan process per model file (``nan_hunter.isolation``), then the report, the patch or the diff,
+and the exit code: 0 clean, 1 findings at or above ``--fail-on``, 2 usage, load or internal
+errors (one line on stderr, no traceback unless ``NAN_HUNTER_DEBUG=1``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from nan_hunter.choices import Device, DType, FailOn, Mode, Numerics, OutputFormat, Policy
+from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
+from nan_hunter.errors import NanHunterError, first_line
+from nan_hunter.terminal import ColorChoice
+
+if TYPE_CHECKING:
+    from nan_hunter.config import Settings
+    from nan_hunter.findings import Report
+    from nan_hunter.fixes.workflow import Applied
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    """The arguments of ``nan-hunter scan``, as typer parsed them."""
+
+    paths: list[str]
+    model_fn: str
+    batch_fn: str
+    loss_fn: str
+    weights: Path | None
+    batch_file: Path | None
+    dtype: DType | None
+    device: Device | None
+    policy: Policy | None
+    mode: Mode | None
+    numerics: Numerics | None
+    backward: bool | None
+    grad_scale: str | None
+    config: Path | None
+    output_format: OutputFormat
+    output: Path | None
+    patch: Path | None
+    select: list[str] | None
+    ignore: list[str] | None
+    fail_on: FailOn | None
+    exit_zero: bool
+    color: ColorChoice
+    no_color: bool
+    quiet: bool
+    diff: bool
+    fix: bool
+    unsafe_fixes: bool
+    fix_all: bool
+    rounds: int
+    backup: bool
+    verify: bool | None
+    lr: float | None
+    steps: int | None
+    timeout: float | None
+    debug: bool
+
+
+def run_scan(request: ScanRequest) -> None:
+    """Run the scan the command line asked for; always ends in ``typer.Exit`` with the code."""
+    (
+        paths, model_fn, batch_fn, loss_fn, weights, batch_file, dtype, device, policy,
+        mode, numerics, backward, grad_scale, config, output_format, output, patch, select,
+        ignore, fail_on, exit_zero, color, no_color, quiet, diff, fix, unsafe_fixes,
+        fix_all, rounds, backup, verify, lr, steps, timeout, debug,
+    ) = (getattr(request, f.name) for f in dataclasses.fields(request))
+    from nan_hunter.config import load_settings
+    from nan_hunter.discovery import discover, search_start
+    from nan_hunter.fixes.edits import render_diff, render_patch
+    from nan_hunter.fixes.select import select_fixes
+    from nan_hunter.isolation import run_isolated
+    from nan_hunter.project import project_root
+    from nan_hunter.targets import expand_paths
+    from nan_hunter.terminal import progress_display, report_width, wants_color
+
+    debug = debug or bool(os.environ.get("NAN_HUNTER_DEBUG"))
+    # Resolved now, against the folder nan-hunter was started in: the model's code may chdir.
+    output, patch = _absolute(output), _absolute(patch)
+    try:
+        settings = load_settings(
+            config,
+            {
+                "dtype": dtype.value if dtype else None,
+                "device": device.value if device else None,
+                "policy": policy.value if policy else None,
+                "mode": mode.value if mode else None,
+                "numerics": numerics.value if numerics else None,
+                "backward": backward,
+                "grad_scale": grad_scale,
+                "select": select,
+                "ignore": ignore,
+                "fail_on": fail_on.value if fail_on else None,
+                "verify_fixes": verify,
+                "lr": lr,
+            },
+            project=discover(search_start(paths)),
+        )
+        if steps is not None and (fix or fix_all):
+            raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
+        files = expand_paths(paths, model_fn)
+        if len(files) > 1 and (diff or patch is not None):
+            raise NanHunterError("--diff and --patch take one model file, not several")
+        inputs = _inputs(files, weights, batch_file, config)
+        _refuse_overwrite(output, patch, inputs)
+    except NanHunterError as exc:
+        raise fail(str(exc)) from None
+    except Exception as exc:  # a bug of ours: say so in one line
+        if debug:
+            raise
+        raise fail(_internal(exc)) from None
+
+    def scan_one(path: str) -> Report:
+        """The report of one model file, from its own scan process (``nan_hunter.isolation``)."""
+        job = ScanJob(
+            path, settings, (model_fn, batch_fn, loss_fn), weights, batch_file, steps, fix,
+            fix_all, rounds, unsafe_fixes, backup,
+        )
+        isolated = run_isolated(_scan_job, job, timeout=timeout, debug=debug, on_step=shown.step)
+        inputs.update((name, "a file the scan imported") for name in isolated.imported)
+        report: Report = isolated.value
+        return report
+
+    from nan_hunter.findings import Failed
+
+    reports: list[Report] = []
+    failed: list[Failed] = []
+    with progress_display(enabled=not quiet, files=len(files)) as shown:
+        for path in files:
+            shown.file(path)
+            try:
+                reports.append(scan_one(path))
+            except NanHunterError as exc:
+                output_text = getattr(exc, "output", "")
+                if len(files) == 1:
+                    raise fail(str(exc), output_text) from None
+                typer.echo(f"nan-hunter: error: {path}: {exc}", err=True)
+                typer.echo(output_text, err=True, nl=False)
+                failed.append(Failed(path, str(exc)))
+            except Exception as exc:  # a bug of ours: say so in one line
+                if debug:
+                    raise
+                message = _internal(exc)
+                if len(files) == 1:
+                    raise fail(message) from None
+                typer.echo(f"nan-hunter: error: {path}: {message}", err=True)
+                failed.append(Failed(path, message))
+            shown.file_done()
+
+    from nan_hunter.report import render
+    from nan_hunter.report.combined import render_many
+
+    try:  # nothing written over a file the scan imported (the model's package, its siblings)
+        _refuse_overwrite(output, patch, inputs)
+    except NanHunterError as exc:
+        raise fail(str(exc)) from None
+
+    use_color = wants_color(ColorChoice.never if no_color else color, sys.stdout)
+    width = report_width(sys.stdout)
+    if len(files) > 1:
+        text = render_many(
+            reports, failed, output_format.value, color=use_color and output is None, width=width
+        )
+        _emit(text, output, color=use_color)
+        codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
+        raise typer.Exit(EXIT_CLEAN if exit_zero and not failed else max(codes))
+    report = reports[0]
+    selection = select_fixes(report, unsafe=unsafe_fixes)
+    root = project_root(Path(report.target.file))
+    if diff:
+        typer.echo(render_diff(selection.edits, root), nl=False)
+        code = report.exit_code(settings.fail_on)
+        raise typer.Exit(EXIT_CLEAN if exit_zero else code)
+    text = render(report, output_format.value, color=use_color and output is None, width=width)
+    _emit(text, output, color=use_color)
+    if patch is not None:
+        if selection.edits:
+            _write(patch, render_patch(selection.edits, root))
+            typer.echo(f"nan-hunter: patch written to {patch}", err=True)
+        else:
+            typer.echo("nan-hunter: no patch to write: no finding has a fix to apply", err=True)
+    code = report.exit_code(settings.fail_on)
+    raise typer.Exit(EXIT_CLEAN if exit_zero else code)
+
+
+def fail(message: str, output: str = "") -> typer.Exit:
+    """One error line; then, for a failed scan process, what the model's code printed."""
+    typer.echo(f"nan-hunter: error: {message}", err=True)
+    if output:
+        typer.echo(output, err=True, nl=False)
+    return typer.Exit(EXIT_ERROR)
+
+
+def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> None:
+    for a in applied:
+        if a.fixed:
+            kept = f" (original kept as {a.backup.name})" if a.backup else ""
+            codes = ", ".join(f.code for f in a.fixed)
+            typer.echo(f"nan-hunter: {prefix}fixed {codes} in {a.file}{kept}", err=True)
+        for f, why in a.skipped:
+            typer.echo(f"nan-hunter: {prefix}not fixed: {f.code} ({why})", err=True)
+
+
+def _internal(exc: BaseException) -> str:
+    """One line, even for an exception whose ``__str__`` raises."""
+    try:
+        summary = f"{type(exc).__name__}: {first_line(exc)}"
+    except Exception:
+        summary = type(exc).__name__
+    return f"internal error: {summary} (use --debug for a traceback)"
+
+
+@dataclass(frozen=True)
+class ScanJob:
+    """What one model file's scan runs in its scan process (see ``nan_hunter.isolation``)."""
+
+    path: str
+    settings: Settings
+    names: tuple[str, str, str]
+    """``--model-fn``, ``--batch-fn``, ``--loss-fn``."""
+    weights: Path | None
+    batch_file: Path | None
+    steps: int | None
+    fix: bool
+    fix_all: bool
+    rounds: int
+    unsafe_fixes: bool
+    backup: bool
+
+
+def _scan_job(job: ScanJob) -> Report:
+    """The report of one model file, after --steps, --fix-all, verification and --fix: the part
+    of ``scan`` that runs the user's code."""
+    from nan_hunter.api import scan_file
+    from nan_hunter.fixes.workflow import apply_fixes
+    from nan_hunter.fixes.workflow import fix_all as run_fix_all
+    from nan_hunter.loader import Names, load_target, model_folder
+    from nan_hunter.suppressions import apply_suppressions
+    from nan_hunter.training import run_steps
+
+    path, settings, names, weights, batch_file = (
+        job.path, job.settings, Names(*job.names), job.weights, job.batch_file
+    )
+    steps, fix, fix_all, rounds, unsafe_fixes, backup = (
+        job.steps, job.fix, job.fix_all, job.rounds, job.unsafe_fixes, job.backup
+    )
+    # scan_file verifies each fix (nan_hunter.fixes.verify); --fix and --fix-all need it
+    verifying = settings.verify_fixes or fix or fix_all
+
+    def rescan(file: Path) -> Report:
+        return scan_file(
+            str(file), settings, names=names, weights=weights, batch_file=batch_file,
+            verify=verifying,
+        )
+
+    with model_folder(path):  # lazy sibling imports keep working for the whole run
+        if steps is not None:
+            result = run_steps(
+                load_target(path, names, weights=weights, batch_file=batch_file), settings, steps
+            )
+            where = (
+                f"step {result.first_bad_step} broke: {result.detail}"
+                if result.first_bad_step is not None
+                else "no step broke; scanned the final weights"
+            )
+            typer.echo(f"nan-hunter: trained {result.steps_run} step(s); {where}", err=True)
+            report = apply_suppressions(result.report)
+        else:
+            report = scan_file(
+                path, settings, names=names, weights=weights, batch_file=batch_file,
+                verify=verifying and not fix_all,
+            )
+        if fix_all:
+            outcome = run_fix_all(
+                Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
+                backup=backup,
+            )
+            for r in outcome.rounds:
+                _say_applied(r.applied, f"round {r.number}: ")
+            if outcome.stopped != "clean":
+                typer.echo(f"nan-hunter: --fix-all stopped: {outcome.stopped}", err=True)
+            report = outcome.report
+        if fix and not fix_all:
+            applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)
+            _say_applied(applied, "")
+            if any(a.fixed for a in applied):
+                report = rescan(Path(report.target.file))
+    return report
+
+
+def _absolute(path: Path | None) -> Path | None:
+    return None if path is None else Path(os.path.abspath(path))
+
+
+def _inputs(
+    specs: list[str], weights: Path | None, batch_file: Path | None, config: Path | None
+) -> dict[str, str]:
+    """Real path -> what it is, for every file the scan reads that we know of before it runs."""
+    named: list[tuple[str, Path | None]] = [
+        ("the model file", Path(s)) for s in specs if s.endswith(".py") or Path(s).exists()
+    ]
+    named += [
+        ("the --weights file", weights),
+        ("the --batch-file file", batch_file),
+        ("the --config file", config),
+    ]
+    return {os.path.realpath(p): what for what, p in named if p is not None}
+
+
+def _refuse_overwrite(output: Path | None, patch: Path | None, protected: dict[str, str]) -> None:
+    for target, what in ((output, "report"), (patch, "patch")):
+        real = os.path.realpath(target) if target is not None else None
+        if real is not None and real in protected:
+            raise NanHunterError(
+                f"refusing to write the {what} to {target}: it is {protected[real]}; "
+                "choose another file"
+            )
+
+
+def _emit(text: str, output: Path | None, *, color: bool = False) -> None:
+    if output is not None:
+        _write(output, text)
+        typer.echo(f"nan-hunter: report written to {output}", err=True)
+    else:  # color=True: click would strip the colour codes from a pipe otherwise
+        typer.echo(text, nl=False, color=color or None)
+
+
+def _write(path: Path, text: str | bytes) -> None:
+    from nan_hunter.safe_write import write_file
+
+    try:
+        write_file(path, text)
+    except NanHunterError as exc:
+        raise fail(str(exc)) from None
+
+
