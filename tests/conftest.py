@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from nan_hunter.findings import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -26,6 +30,25 @@ PRECISION_FIXES = [
     FIXTURES / "fx_atanh_rounding.py",
 ]
 """Models whose first finding has an FP32-region patch (default settings)."""
+
+
+_SCANS: dict[tuple[object, ...], Report] = {}
+
+
+def scanned(path: Path, **options: Any) -> Report:
+    """``scan_file(path)`` with ``options`` over the default settings, scanned once per test
+    session: several test files read the reports of the same fixtures, and reports are frozen.
+    Only for tests that read the report (not the scan's output, timing or side effects); a file
+    changed since is scanned again."""
+    from nan_hunter.api import scan_file
+    from nan_hunter.config import load_settings
+
+    path = Path(path).resolve()
+    key = (str(path), path.stat().st_mtime_ns, repr(sorted(options.items())))
+    if key not in _SCANS:
+        settings = load_settings(overrides=options) if options else None
+        _SCANS[key] = scan_file(str(path), settings)
+    return _SCANS[key]
 
 
 def fixture_options(path: Path) -> dict[str, object]:

@@ -8,10 +8,8 @@ from typing import Any
 
 import pytest
 
-from nan_hunter.api import scan_file
-from nan_hunter.config import load_settings
 from nan_hunter.findings import Report, Severity
-from tests.conftest import FIXTURES, marker_line
+from tests.conftest import FIXTURES, marker_line, scanned
 
 
 def _fixture_module(path: Path) -> Any:
@@ -42,7 +40,7 @@ CLEAN_UNDER_CUDA = sorted(
 
 
 def _scan(path: Path, **options: Any) -> Report:
-    return scan_file(str(path), load_settings(overrides=options) if options else None)
+    return scanned(path, **options)
 
 
 @pytest.mark.parametrize("path", OP_FIXTURES, ids=lambda p: p.stem)

@@ -10,13 +10,13 @@ import pytest
 
 from nan_hunter.api import scan_file
 from nan_hunter.findings import Severity
-from tests.conftest import EXAMPLES, FIXTURES, PRECISION_FIXES, ROOT
+from tests.conftest import EXAMPLES, FIXTURES, PRECISION_FIXES, ROOT, scanned
 
 PATCHED = PRECISION_FIXES
 
 
 def _first_diff(path: Path) -> str:
-    report = scan_file(str(path))
+    report = scanned(path)
     first = report.findings[0]
     assert first.fix is not None and first.fix.diff is not None, first
     assert first.fix.applicability.value == "safe"

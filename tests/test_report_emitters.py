@@ -6,7 +6,6 @@ Regenerate the golden files after an intended change with ``pytest --update-gold
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import re
@@ -20,7 +19,6 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from nan_hunter.api import scan_file
 from nan_hunter.cli import OutputFormat, app
 from nan_hunter.findings import (
     Applicability,
@@ -41,7 +39,7 @@ from nan_hunter.report.junit import render_junit
 from nan_hunter.report.markdown import render_markdown
 from nan_hunter.report.sarif import render_sarif
 from nan_hunter.rules import all_rules
-from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, ROOT, marker_line
+from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, ROOT, marker_line, scanned
 
 SARIF_SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
 """The official SARIF 2.1.0 schema (OASIS), vendored so the validation runs in any clone."""
@@ -56,10 +54,9 @@ EPS_UPSTREAM = FIXTURES / "fx_eps_underflow.py"
 MODELS = [MATRIX_INVERSE, BAD_INPUT, WARNING_ONLY, CLEAN, EPS_UPSTREAM]
 
 
-@functools.cache
 def _scan(path: Path) -> Report:
-    """One scan per model for the whole module, timing zeroed (reports are frozen)."""
-    return dataclasses.replace(scan_file(str(path)), seconds=0.0)
+    """One scan per model for the whole session, timing zeroed (reports are frozen)."""
+    return dataclasses.replace(scanned(path), seconds=0.0)
 
 
 def _sarif(path: Path) -> dict[str, Any]:

@@ -12,12 +12,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from nan_hunter.api import scan_file
-from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.report import render
 from nan_hunter.report.json_report import SCHEMA, report_dict
-from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, fixture_options
+from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, fixture_options, scanned
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "nan_hunter" / "report" / "report.schema.json"
 ALL_MODELS = sorted(EXAMPLES.glob("*.py")) + sorted(
@@ -32,7 +30,7 @@ def _stable(report: Report) -> Report:
 
 @pytest.mark.parametrize("path", ALL_MODELS, ids=lambda p: p.stem)
 def test_json_report_matches_schema(path: Path) -> None:
-    data = report_dict(scan_file(str(path)))
+    data = report_dict(scanned(path))
     jsonschema.validate(data, json.loads(SCHEMA_FILE.read_text()))
     assert data["schema"] == SCHEMA
     assert data["status"] == ("findings" if data["findings"] else "clean")
@@ -40,7 +38,7 @@ def test_json_report_matches_schema(path: Path) -> None:
 
 
 def test_schema_rejects_a_finding_without_location() -> None:
-    data = report_dict(scan_file(str(EXAMPLES / "matrix_inverse.py")))
+    data = report_dict(scanned(EXAMPLES / "matrix_inverse.py"))
     data["findings"][0]["location"] = None
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, json.loads(SCHEMA_FILE.read_text()))
@@ -67,8 +65,7 @@ GOLDEN_CASES = [
     ("path", "fmt"), GOLDEN_CASES, ids=[f"{p.stem}.{f}" for p, f in GOLDEN_CASES]
 )
 def test_golden_report(path: Path, fmt: str, update_golden: bool) -> None:
-    settings = load_settings(overrides=_options(path))
-    rendered = render(_stable(scan_file(str(path), settings)), fmt)
+    rendered = render(_stable(scanned(path, **_options(path))), fmt)
     golden = GOLDEN / f"{path.stem}.{'txt' if fmt == 'text' else 'json'}"
     if update_golden or not golden.exists():
         golden.write_text(rendered, encoding="utf-8")
