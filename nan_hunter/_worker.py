@@ -153,7 +153,7 @@ def main() -> None:
 def _summary(exc: BaseException) -> str:
     try:
         text = str(exc).strip().splitlines()
-    except Exception:
+    except Exception:  # its __str__ raises: the type alone
         text = []
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 

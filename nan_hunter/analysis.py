@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 from nan_hunter.candidate import Candidate, Upstream
 from nan_hunter.findings import Phase
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import ScaleWindow
+from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 
@@ -76,19 +77,9 @@ def cast_inputs(event: OpEvent, fmt: FloatFormat) -> tuple[int, ...]:
 
 def rerun_in_fp32(call: CapturedCall) -> bool | None:
     """Rerun a captured op on its own inputs upcast to FP32; True when the output is finite."""
-
-    def up(x: object) -> object:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            return x.float()
-        return x
-
     try:
-        with torch.no_grad(), torch.autocast(device_type="cpu", enabled=False):
-            if torch.cuda.is_available():
-                with torch.autocast(device_type="cuda", enabled=False):
-                    out = call.func(*tree_map(up, call.args), **tree_map(up, call.kwargs))
-            else:
-                out = call.func(*tree_map(up, call.args), **tree_map(up, call.kwargs))
+        with torch.no_grad():
+            out = replay_in_fp32(call.func, call.args, call.kwargs, float64_too=True)
     except Exception:
         return None  # the op does not accept FP32 in this form: no verdict from the rerun
     tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]

@@ -23,9 +23,10 @@ from nan_hunter.findings import (
 from nan_hunter.fixes.build import build_fix, edit_site
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
-from nan_hunter.precision.context import PrecisionPlan, fp32_context
+from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import BF16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
+from nan_hunter.precision.replay import fp32_context
 from nan_hunter.progress import announce
 from nan_hunter.report import render as _render  # noqa: F401  (Report.render goes through it)
 from nan_hunter.rules.registry import classify, origin_finding, site_rules

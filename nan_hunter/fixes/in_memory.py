@@ -84,7 +84,7 @@ def _import(name: str, file: Path) -> Any:
         module = importlib.import_module(name)
         if module.__file__ and Path(module.__file__).resolve() == file.resolve():
             return module
-    except Exception:
+    except Exception:  # not importable by name from the overlay: load it from its file
         pass
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:

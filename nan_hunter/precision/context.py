@@ -66,8 +66,3 @@ class PrecisionPlan:
                 yield
         else:
             yield
-
-
-def fp32_context(device: str) -> contextlib.AbstractContextManager[object]:
-    """The FP32 reference: autocast explicitly off, so no ambient autocast leaks in."""
-    return torch.autocast(device_type=device, enabled=False)

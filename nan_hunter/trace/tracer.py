@@ -13,7 +13,6 @@ instruction) and events are built from the resolved statistics when they are ask
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from nan_hunter._nest import call_leaves, leaves, output_leaves
 from nan_hunter.location import SourceLocation
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
@@ -225,7 +225,7 @@ class OpTracer(TorchFunctionMode):
             if failure is None:
                 raise
             # CUDA would stop here; report it and carry on in FP32 so the scan goes on.
-            out = _run_in_fp32(func, args, kwargs)
+            out = replay_in_fp32(func, args, kwargs)
         out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
         if inplace and in_tensors:
             self._stats.pop(in_tensors[0], None)
@@ -414,18 +414,6 @@ class _BackwardHooks:
         self._handles = []
         self._tracer._nodes.clear()
         self._tracer.flush()
-
-
-def _run_in_fp32(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    def up(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
-            return x.float()
-        return x
-
-    with contextlib.ExitStack() as stack:
-        for device in _AUTOCAST_DEVICES:
-            stack.enter_context(torch.autocast(device_type=device, enabled=False))
-        return func(*tree_map(up, args), **tree_map(up, kwargs))
 
 
 def _detached_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
