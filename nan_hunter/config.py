@@ -53,7 +53,8 @@ class Settings:
     grad_scale: float | str | None = "dynamic"
     """Loss scale for the backward, as GradScaler applies it: ``"dynamic"`` (the default:
     GradScaler's default policy, initial scale 2**16, halved after each step whose gradients
-    overflow; see ``nan_hunter.engine.back_off``), a fixed number, or None (no loss scaling)."""
+    overflow; see ``nan_hunter.precision.loss_scale.back_off``), a fixed number, or None (no
+    loss scaling)."""
     grad_underflow_share: float = 0.25
     verify_fixes: bool = True
     lr: float = 1e-3

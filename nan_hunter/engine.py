@@ -24,14 +24,14 @@ from nan_hunter.fixes.build import build_fix, edit_site
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
 from nan_hunter.precision.context import PrecisionPlan
-from nan_hunter.precision.formats import BF16, FloatFormat, format_for
+from nan_hunter.precision.formats import BF16, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
+from nan_hunter.precision.loss_scale import back_off
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.progress import announce
 from nan_hunter.report import render as _render  # noqa: F401  (Report.render goes through it)
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
 from nan_hunter.runner import PassResult, run_pass
-from nan_hunter.trace.stats import TensorStats
 
 
 def scan_target(target: Target, settings: Settings) -> Report:
@@ -174,26 +174,6 @@ class _Backward:
                 low, log, scale = better, better_log, 2.0**needed
         records = [*low.param_grads.values(), *(b.record for b in log.boundaries)]
         return log.window(scale, share, records)
-
-
-def back_off(
-    scale: float, window: ScaleWindow | None, fmt: FloatFormat, loss: TensorStats | None = None
-) -> tuple[float, int]:
-    """GradScaler's dynamic policy on a step whose gradients overflow at ``scale``: it skips
-    the step and halves the scale (``backoff_factor`` 0.5) until the gradients fit in ``fmt``.
-    Returns the scale it settles at and the steps skipped on the way. The true largest gradient
-    comes from the unscaled measurement in ``window`` (and a loss computed in ``fmt`` is scaled
-    in ``fmt`` too); without a window, no scaling."""
-    if window is None or window.max_abs == 0.0:
-        return 1.0, max(0, round(math.log2(scale))) if scale > 1 else 0
-    largest = window.max_abs / window.current
-    if loss is not None and loss.dtype == fmt.name and loss.abs_max is not None:
-        largest = max(largest, loss.abs_max)
-    skipped = 0
-    while scale > 1.0 and largest * scale > fmt.max:
-        scale /= 2.0
-        skipped += 1
-    return scale, skipped
 
 
 def _scaling(settings: Settings, scale: float, skipped: int) -> LossScaling:
