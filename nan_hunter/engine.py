@@ -29,7 +29,6 @@ from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.precision.loss_scale import back_off
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.progress import announce
-from nan_hunter.report import render as _render  # noqa: F401  (Report.render goes through it)
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
 from nan_hunter.runner import PassResult, run_pass
 

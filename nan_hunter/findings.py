@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import enum
+import importlib
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from nan_hunter.location import SourceLocation
 from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.trace.stats import TensorStats
+
+_OUTPUT_LAYER = "nan_hunter.report"
+"""Where ``Report.render`` finds the emitters: the layer above this one, imported by name when a
+report is rendered (``Report.render``/``to_json``/``to_markdown`` are public API), so the data
+model imports nothing above it."""
 
 
 class Severity(str, enum.Enum):
@@ -257,9 +262,8 @@ class Report:
         """The report in ``fmt`` (text, json, markdown, sarif, github, junit), as the CLI prints
         it; ``color`` and ``width`` (columns, at least 80; None: lines unwrapped) apply to text
         only."""
-        if _renderer is None:
-            raise RuntimeError("no report renderer: import nan_hunter.report first")
-        return _renderer(self, fmt, color=color, width=width)
+        render = importlib.import_module(_OUTPUT_LAYER).render
+        return str(render(self, fmt, color=color, width=width))
 
     def to_json(self) -> str:
         """The JSON report (schema ``nan-hunter/report/v1``)."""
@@ -269,16 +273,3 @@ class Report:
         """The Markdown report (for a PR comment or a CI job summary)."""
         return self.render("markdown")
 
-
-class Renderer(Protocol):
-    def __call__(self, report: Report, fmt: str, *, color: bool, width: int | None) -> str: ...
-
-
-_renderer: Renderer | None = None
-
-
-def use_renderer(render: Renderer) -> None:
-    """Plug in what ``Report.render`` calls: ``nan_hunter.report`` does on import. The results
-    are data; rendering lives in the layer above, which this module does not import."""
-    global _renderer
-    _renderer = render

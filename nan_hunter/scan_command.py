@@ -17,7 +17,9 @@ import typer
 from nan_hunter.choices import Device, DType, FailOn, Mode, Numerics, OutputFormat, Policy
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
 from nan_hunter.errors import NanHunterError, first_line
-from nan_hunter.terminal import ColorChoice
+from nan_hunter.terminal import ColorChoice, quiet_torch_numpy_warning
+
+quiet_torch_numpy_warning()  # before anything imports torch (the scan process imports this module)
 
 if TYPE_CHECKING:
     from nan_hunter.config import Settings

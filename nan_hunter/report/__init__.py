@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from nan_hunter.choices import OutputFormat
-from nan_hunter.findings import Report, use_renderer
+from nan_hunter.findings import Report
 from nan_hunter.report.github import render_github
 from nan_hunter.report.json_report import render_json
 from nan_hunter.report.junit import render_junit
@@ -35,5 +35,3 @@ def render(report: Report, fmt: str, *, color: bool = False, width: int | None =
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     return emitter(report)
 
-
-use_renderer(render)
