@@ -17,14 +17,14 @@ from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import FlushStats, GradientLog
-from tests.conftest import FIXTURES, marker_line
+from tests.conftest import FIXTURES, marker_line, scanned
 
 UNDERFLOW = FIXTURES / "fx_grad_underflow.py"
 BOUNDARY = FIXTURES / "fx_loss_weight_underflow.py"
 
 
 def _scan(**options: object) -> Report:
-    return scan_file(str(UNDERFLOW), load_settings(overrides=options))
+    return scanned(UNDERFLOW, **options)
 
 
 def test_flush_stats_count_vanished_and_subnormal_values() -> None:
@@ -162,7 +162,7 @@ def test_dynamic_scale_backs_off_as_gradscaler_does() -> None:
 def test_loss_weight_underflow_at_the_cast_boundary() -> None:
     """A 1e-6 loss weight: the gradient is lost at the FP32 -> FP16 cast of the loss's input,
     before any parameter gradient exists; reported at the loss line, with the window."""
-    report = scan_file(str(BOUNDARY))
+    report = scanned(BOUNDARY)
     first = report.findings[0]
     assert (first.code, first.phase.value, first.op) == (
         "NH402", "backward", "torch.nn.functional.mse_loss"

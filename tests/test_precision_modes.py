@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from nan_hunter.api import scan, scan_file
-from nan_hunter.config import load_settings
+from nan_hunter.api import scan
 from nan_hunter.loader import load_target
-from tests.conftest import EXAMPLES, FIXTURES, marker_line
+from tests.conftest import EXAMPLES, FIXTURES, marker_line, scanned
 from tests.test_model_state import _assert_same, _snapshot
 
 ATTENTION = EXAMPLES / "attention_unscaled.py"
 
 
 def test_half_mode_finds_the_unscaled_attention() -> None:
-    report = scan_file(str(ATTENTION), load_settings(overrides={"mode": "half"}))
+    report = scanned(ATTENTION, mode="half")
     assert report.target.mode == "half"
     first = report.findings[0]
     assert (first.code, first.op) == ("NH102", "Tensor.__matmul__")
@@ -31,23 +30,23 @@ def test_half_mode_restores_dtypes_and_values() -> None:
 
 
 def test_bfloat16_holds_what_float16_cannot() -> None:
-    report = scan_file(str(ATTENTION), load_settings(overrides={"dtype": "bfloat16"}))
+    report = scanned(ATTENTION, dtype="bfloat16")
     assert report.target.dtype == "bfloat16"
     assert [f for f in report.findings if f.is_error] == []
 
 
 def test_bf16_alternative_is_offered_for_range_problems_only() -> None:
-    overflow = scan_file(str(ATTENTION)).findings[0]
+    overflow = scanned(ATTENTION).findings[0]
     assert any(note.startswith("BF16 would avoid this") for note in overflow.notes)
-    eps = scan_file(str(FIXTURES / "fx_eps_underflow.py")).findings[0]
+    eps = scanned(FIXTURES / "fx_eps_underflow.py").findings[0]
     assert any("smallest normal" in note for note in eps.notes)
-    real_bug = scan_file(str(FIXTURES / "fx_real_nan.py")).findings[0]
+    real_bug = scanned(FIXTURES / "fx_real_nan.py").findings[0]
     assert real_bug.notes == ()
 
 
 def test_real_fp16_kernels_give_the_same_culprit() -> None:
-    emulated = scan_file(str(ATTENTION)).findings[0]
-    real = scan_file(str(ATTENTION), load_settings(overrides={"numerics": "real"})).findings[0]
+    emulated = scanned(ATTENTION).findings[0]
+    real = scanned(ATTENTION, numerics="real").findings[0]
     assert (real.code, real.op, real.location) == (emulated.code, emulated.op, emulated.location)
     assert real.location is not None
     assert real.location.line == marker_line(ATTENTION, "# missing: / math.sqrt(d_model)")
