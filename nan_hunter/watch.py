@@ -11,42 +11,15 @@ import sys
 import types
 from typing import Any
 
-from nan_hunter.training import (
-    DEFAULT_LR,
-    OnProblem,
-    Reason,
-    StepsResult,
-    TrainingProblem,
-    Watcher,
-    WatchEvent,
-    WatchWarning,
-    finite_flag,
-    grads_finite_flag,
-    run_steps,
-    summary_line,
-    watch,
-)
+from nan_hunter import training
+from nan_hunter.training import *  # noqa: F403  (the same public names)
 
-__all__ = [
-    "DEFAULT_LR",
-    "OnProblem",
-    "Reason",
-    "StepsResult",
-    "TrainingProblem",
-    "WatchEvent",
-    "WatchWarning",
-    "Watcher",
-    "finite_flag",
-    "grads_finite_flag",
-    "run_steps",
-    "summary_line",
-    "watch",
-]
+__all__ = training.__all__
 
 
 class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Watcher:
-        return watch(*args, **kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> training.Watcher:
+        return training.watch(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule
