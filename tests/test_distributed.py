@@ -28,8 +28,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _torchrun(tmp_path: Path, *args: str) -> tuple[list[dict[str, Any]], str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def _torchrun(
+    tmp_path: Path, *args: str, without_numpy: bool = False
+) -> tuple[list[dict[str, Any]], str]:
+    path = str(ROOT)
+    if without_numpy:  # as with the torch wheel alone: NumPy is not one of its dependencies
+        site = tmp_path / "no_numpy"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None\n")
+        path = os.pathsep.join([str(site), path])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(WORKER), "--out", str(tmp_path), *args,
@@ -75,7 +83,11 @@ def test_every_rank_stops_at_the_same_call_and_rank0_holds_the_origins_report(
 
 
 def test_every_rank_raises_and_every_rank_gets_the_report(tmp_path: Path) -> None:
-    ranks, _ = _torchrun(tmp_path, "--on-problem", "raise", "--report-to", "all")
+    """Also without NumPy: the report exchange must not need it (torch's ``*_object``
+    collectives do)."""
+    ranks, _ = _torchrun(
+        tmp_path, "--on-problem", "raise", "--report-to", "all", without_numpy=True
+    )
     assert [r["raised_at"] for r in ranks] == [BAD_CALL, BAD_CALL]
     assert [r["calls"] for r in ranks] == [BAD_CALL + 1, BAD_CALL + 1]
     assert "rank 0 of 2" in ranks[0]["message"] and "on rank 1 NH001" in ranks[0]["message"]

@@ -4,9 +4,9 @@ Each rank puts a code for its own step in its slot of a ``world_size`` vector (0
 1: a problem seen in the gradients or the loss scale, which an all-reduce may have carried in
 from another rank, 2: its own loss went non-finite) and the vector is summed across ranks; every
 rank then knows, at the same ``w.step()`` call, whether any rank saw a problem and which. Only on
-a problem step do the ranks exchange more: the origin's report, pickled by
-``all_gather_object``/``gather_object`` (no tensors). The re-scan itself runs on each rank's
-own copy of the unwrapped module and issues no collective.
+a problem step do the ranks exchange more: the origin's report, gathered as pickled bytes (no
+model tensors). The re-scan itself runs on each rank's own copy of the unwrapped module and
+issues no collective.
 """
 
 from __future__ import annotations
@@ -74,16 +74,36 @@ def scanning_ranks(codes: Sequence[int]) -> list[int]:
 
 def exchange(ranks: Ranks, payload: Any, report_to: ReportTo) -> list[Any] | None:
     """Each rank's ``payload`` (pickled, not tensors) on rank 0 or on every rank; None on the
-    ranks that receive nothing."""
+    ranks that receive nothing. The pickled bytes travel as padded uint8 tensors after one
+    all-gather of their lengths: torch's ``*_object`` collectives need NumPy, which the torch
+    wheel does not install."""
+    import pickle
+
+    import torch
     import torch.distributed as dist
 
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    data = torch.frombuffer(bytearray(pickle.dumps(payload)), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(ranks.world_size)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device))
+    lengths = [int(size.item()) for size in sizes]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data
+    buffers = [torch.empty_like(padded) for _ in range(ranks.world_size)]
     if report_to == "all":
-        gathered: list[Any] = [None] * ranks.world_size
-        dist.all_gather_object(gathered, payload)
-        return gathered
-    received: list[Any] | None = [None] * ranks.world_size if ranks.rank == 0 else None
-    dist.gather_object(payload, received, dst=0)
-    return received
+        dist.all_gather(buffers, padded)
+    else:
+        dist.gather(padded, buffers if ranks.rank == 0 else None, dst=0)
+        if ranks.rank != 0:
+            return None
+    return [
+        pickle.loads(bytes(buffer[:n].cpu().tolist()))
+        for buffer, n in zip(buffers, lengths, strict=True)
+    ]
 
 
 def choose_origin(codes: Sequence[int], has_error: Sequence[bool | None]) -> int | None:
