@@ -4,6 +4,7 @@ installed (CI installs them: the ``frameworks`` extra)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -29,6 +30,12 @@ def _quiet() -> None:
 
 # --------------------------------------------------------------------- Hugging Face Trainer
 
+needs_trainer = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None
+    or importlib.util.find_spec("accelerate") is None,
+    reason="transformers and accelerate are not installed (pip install '.[frameworks]')",
+)
+
 
 def _trainer(
     tmp_path: Path, callback: Any, data: Any, steps: int = 8, accumulate: int = 1
@@ -44,6 +51,7 @@ def _trainer(
     return tf.Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback])
 
 
+@needs_trainer
 def test_trainer_callback_reports_the_step_module_and_line_and_stops(tmp_path: Path) -> None:
     from nan_hunter.integrations.transformers import NanHunterCallback
 
@@ -74,6 +82,7 @@ def test_trainer_callback_reports_the_step_module_and_line_and_stops(tmp_path: P
     assert callback.preflight is not None and callback.preflight.status == "clean"
 
 
+@needs_trainer
 def test_trainer_callback_report_only_lets_the_run_finish(tmp_path: Path) -> None:
     from nan_hunter.integrations.transformers import NanHunterCallback
 
@@ -88,6 +97,7 @@ def test_trainer_callback_report_only_lets_the_run_finish(tmp_path: Path) -> Non
     assert callback.preflight is None
 
 
+@needs_trainer
 def test_trainer_callback_rescans_the_micro_batch_that_broke(tmp_path: Path) -> None:
     """Gradient accumulation over 2 micro-batches: the bad row is the first micro-batch of
     optimizer step 2; the re-run uses it, not the (clean) last micro-batch of the step."""
@@ -103,6 +113,7 @@ def test_trainer_callback_rescans_the_micro_batch_that_broke(tmp_path: Path) -> 
     assert [(f.code, f.module) for f in event.report.findings[:1]] == [("NH101", "fc1")]
 
 
+@needs_trainer
 def test_trainer_preflight_catches_fp16_overflow_before_step_0(tmp_path: Path) -> None:
     """The first batch is fine in FP32 (the CPU run would train) but overflows FP16 under
     CUDA autocast: the pre-flight scan raises before the Trainer runs a step."""
