@@ -25,13 +25,19 @@ import ast
 import pathlib
 import re
 import tokenize
-import warnings
 from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from nan_hunter.findings import Edit
 from nan_hunter.fixes.edits import edits_between, render_diff
+from nan_hunter.fixes.source import (
+    SourceError,
+    SourcePositions,
+    compiles,
+    decode_source,
+    split_lines,
+)
 
 __all__ = ["RegionPatch", "build_autocast_region_patch"]
 
@@ -58,7 +64,6 @@ _BINARY_OPERATORS: dict[str, tuple[type[ast.operator], str]] = {
 }
 _INDENT_UNIT = "    "
 _DEVICE_TYPE = re.compile(r"[A-Za-z0-9_:.\-]+")
-_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 _SHEBANG_OR_CODING = re.compile(r"#!|[ \t\f]*#.*coding[:=]")
 
 
@@ -94,44 +99,6 @@ class _Edit:
     replacement: str
 
 
-class _Source:
-    """Source text split into lines, mapping ast positions to character offsets."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.lines = _split_lines(text)
-        self._starts: list[int] = []
-        offset = 0
-        for line in self.lines:
-            self._starts.append(offset)
-            offset += len(line)
-        self._starts.append(offset)
-
-    def line(self, lineno: int) -> str:
-        """The text of 1-based line ``lineno`` without its line ending."""
-        return self.lines[lineno - 1].rstrip("\r\n")
-
-    def char_col(self, lineno: int, byte_col: int) -> int:
-        """Convert an ast column (UTF-8 bytes) on ``lineno`` to a character column."""
-        return len(self.line(lineno).encode("utf-8")[:byte_col].decode("utf-8"))
-
-    def offset(self, lineno: int, byte_col: int) -> int:
-        """Character offset into the whole text of an ast position."""
-        return self._starts[lineno - 1] + self.char_col(lineno, byte_col)
-
-    def span(self, node: ast.expr | ast.stmt) -> tuple[int, int]:
-        """Character offsets ``(start, end)`` of a node."""
-        assert node.end_lineno is not None and node.end_col_offset is not None
-        return (
-            self.offset(node.lineno, node.col_offset),
-            self.offset(node.end_lineno, node.end_col_offset),
-        )
-
-    def segment(self, node: ast.expr) -> str:
-        start, end = self.span(node)
-        return self.text[start:end]
-
-
 def build_autocast_region_patch(
     path: pathlib.Path,
     culprit_line: int,
@@ -165,10 +132,12 @@ def build_autocast_region_patch(
         raise ValueError(f"not a device type: {device_type!r}")
     base = relative_to if relative_to is not None else path.parent
     path.absolute().relative_to(base.absolute())  # ValueError when outside
-    original = _read_source(path)
-    if original is None:
+    try:
+        source = decode_source(path, path.read_bytes())
+    except SourceError:
         return None
-    bom = "\ufeff" if original.startswith("\ufeff") else ""
+    bom = "\ufeff" if source.bom else ""
+    original = bom + source.text
     patched = _patch_text(
         original[len(bom) :],
         culprit_line,
@@ -185,7 +154,7 @@ def build_autocast_region_patch(
     if patched is None:
         return None
     new_text, first_line, last_line = patched
-    if not _compiles(new_text, str(path)):
+    if not compiles(new_text, str(path)):
         return None
     edits = edits_between(path, original[len(bom) :], new_text)
     diff = render_diff(edits, base)
@@ -213,7 +182,7 @@ def _patch_text(
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return None
-    source = _Source(text)
+    source = SourcePositions(text)
     located = _locate(tree.body, culprit_line)
     if located is None or not isinstance(located.stmt, _SIMPLE_STATEMENTS):
         return None
@@ -281,7 +250,7 @@ def _patch_text(
             if stmt else None
         )
         edits.extend(e for e in extra or () if e not in edits)
-    lines = _split_lines(_apply_edits(text, edits))
+    lines = split_lines(_apply_edits(text, edits))
     if len(lines) != len(source.lines):
         return None
     indent = _leading_indent(source, first_stmt)
@@ -330,21 +299,6 @@ def _patch_text(
 # --- reading, lines, compiling, diffing --------------------------------------------------------
 
 
-def _read_source(path: pathlib.Path) -> str | None:
-    """The file's text, decoded per its coding cookie, keeping its line endings."""
-    raw = path.read_bytes()
-    try:
-        encoding, _ = tokenize.detect_encoding(iter(raw.splitlines(keepends=True)).__next__)
-        return raw.decode("utf-8" if encoding == "utf-8-sig" else encoding)
-    except (SyntaxError, LookupError, UnicodeDecodeError):
-        return None
-
-
-def _split_lines(text: str) -> list[str]:
-    """Split on ``\\r\\n``, ``\\r`` and ``\\n`` only (as Python does), keeping the endings."""
-    return _LINE.findall(text)
-
-
 def _newline_of(lines: Sequence[str]) -> str:
     for line in lines:
         stripped = line.rstrip("\r\n")
@@ -364,16 +318,6 @@ def _insert_line(lines: list[str], index: int, new_line: str, newline: str) -> N
     if index > 0 and not lines[index - 1].endswith(("\n", "\r")):
         lines[index - 1] += newline
     lines.insert(index, new_line)
-
-
-def _compiles(text: str, filename: str) -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            compile(text, filename, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError):
-            return False
-    return True
 
 
 def _string_interior_lines(lines: list[str]) -> set[int] | None:
@@ -470,7 +414,7 @@ def _is_autocast_off(stmt: ast.stmt) -> bool:
 
 
 def _region_start(
-    source: _Source,
+    source: SourcePositions,
     located: _Located,
     module_body: list[ast.stmt],
     producer_lines: Sequence[int],
@@ -532,12 +476,12 @@ def _is_unwrappable(block: list[ast.stmt], index: int) -> bool:
     )
 
 
-def _leading_indent(source: _Source, stmt: ast.stmt) -> str:
+def _leading_indent(source: SourcePositions, stmt: ast.stmt) -> str:
     line = source.line(_stmt_start(stmt))
     return line[: len(line) - len(line.lstrip(" \t\f"))]
 
 
-def _starts_line(source: _Source, stmt: ast.stmt) -> bool:
+def _starts_line(source: SourcePositions, stmt: ast.stmt) -> bool:
     """Nothing but indentation precedes the statement (or its decorators) on its first line."""
     if getattr(stmt, "decorator_list", None):
         return source.line(_stmt_start(stmt)).lstrip(" \t\f").startswith("@")
@@ -545,7 +489,7 @@ def _starts_line(source: _Source, stmt: ast.stmt) -> bool:
     return not before.strip(" \t\f")
 
 
-def _ends_line(source: _Source, stmt: ast.stmt) -> bool:
+def _ends_line(source: SourcePositions, stmt: ast.stmt) -> bool:
     """Nothing but whitespace or a comment follows the statement on its last line."""
     assert stmt.end_lineno is not None and stmt.end_col_offset is not None
     line = source.line(stmt.end_lineno)
@@ -578,7 +522,7 @@ def _has_torch_import(body: list[ast.stmt], first_line: int, in_function: bool) 
 
 
 def _import_insert_index(
-    body: list[ast.stmt], source: _Source, first_line: int, in_function: bool
+    body: list[ast.stmt], source: SourcePositions, first_line: int, in_function: bool
 ) -> int:
     """0-based line index before which ``import torch`` goes."""
     imports = _visible_imports(body, first_line, in_function)
@@ -753,7 +697,7 @@ def _assigned_names(stmt: ast.stmt) -> set[str]:
 
 
 def _upcast_operand(
-    source: _Source, expr: ast.expr, inside: AbstractSet[str] = frozenset()
+    source: SourcePositions, expr: ast.expr, inside: AbstractSet[str] = frozenset()
 ) -> list[_Edit]:
     """Edits turning ``expr`` into ``expr.float()`` / ``(expr).float()``; none if not needed:
     already upcast, a constant, or made only of names the region computed in FP32."""
@@ -788,7 +732,9 @@ def _call_operands(call: ast.Call, n: int, method: bool) -> list[ast.expr]:
     return [arg for arg in args if not _is_constant(arg)]
 
 
-def _aug_assign_edits(source: _Source, stmt: ast.AugAssign, symbol: str) -> list[_Edit] | None:
+def _aug_assign_edits(
+    source: SourcePositions, stmt: ast.AugAssign, symbol: str
+) -> list[_Edit] | None:
     """``x @= w`` -> ``x = x.float() @ w.float()`` (an in-place op cannot hold FP32)."""
     target = stmt.target
     if not isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)):
@@ -810,7 +756,7 @@ def _aug_assign_edits(source: _Source, stmt: ast.AugAssign, symbol: str) -> list
 
 
 def _upcast_edits(
-    source: _Source,
+    source: SourcePositions,
     tree: ast.Module,
     stmt: ast.stmt,
     line: int,

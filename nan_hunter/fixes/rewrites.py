@@ -10,62 +10,27 @@ from __future__ import annotations
 
 import ast
 import math
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from nan_hunter.fixes.source import SourceError, read_source, split_lines
+from nan_hunter.fixes.source import SourceError, SourcePositions, compiles, read_source
 
 _SIGMOIDS = frozenset({"sigmoid"})
 
 
-class _Text:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.starts = [0]
-        for line in split_lines(text):
-            self.starts.append(self.starts[-1] + len(line))
-
-    def offset(self, line: int, byte_col: int) -> int:
-        start = self.starts[line - 1]
-        raw = self.text[start : self.starts[line]].encode("utf-8")[:byte_col]
-        return start + len(raw.decode("utf-8", errors="ignore"))
-
-    def span(self, node: ast.expr) -> tuple[int, int]:
-        assert node.end_lineno is not None and node.end_col_offset is not None
-        return (
-            self.offset(node.lineno, node.col_offset),
-            self.offset(node.end_lineno, node.end_col_offset),
-        )
-
-    def segment(self, node: ast.expr) -> str:
-        start, end = self.span(node)
-        return self.text[start:end]
-
-
-def _parse(path: Path) -> tuple[str, ast.Module, _Text] | None:
+def _parse(path: Path) -> tuple[str, ast.Module, SourcePositions] | None:
     try:
         text = read_source(path).text
         tree = ast.parse(text)
     except (SourceError, SyntaxError, ValueError):
         return None
-    return text, tree, _Text(text)
-
-
-def _compiles(text: str) -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            compile(text, "<patched>", "exec", dont_inherit=True)
-        except (SyntaxError, ValueError):
-            return False
-    return True
+    return text, tree, SourcePositions(text)
 
 
 def _replace(text: str, spans: list[tuple[int, int, str]]) -> str | None:
     for start, end, new in sorted(spans, reverse=True):
         text = text[:start] + new + text[end:]
-    return text if _compiles(text) else None
+    return text if compiles(text) else None
 
 
 def _on_line(tree: ast.Module, line: int) -> Iterator[ast.AST]:

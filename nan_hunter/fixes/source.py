@@ -7,9 +7,11 @@ Latin-1, and a file without a final newline gets none.
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,12 @@ def read_source(path: Path) -> Source:
         raw = path.read_bytes()
     except OSError as exc:
         raise SourceError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return decode_source(path, raw)
+
+
+def decode_source(path: Path, raw: bytes) -> Source:
+    """Decode the bytes ``raw`` of ``path`` per PEP 263; ``SourceError`` when they are not
+    Python source in their declared encoding."""
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
         bom = encoding == "utf-8-sig"
@@ -62,3 +70,53 @@ def read_source(path: Path) -> Source:
 def split_lines(text: str) -> list[str]:
     """Split on ``\\r\\n``, ``\\r`` and ``\\n`` only (as Python does), keeping the endings."""
     return _LINE.findall(text)
+
+
+class SourcePositions:
+    """Source text split into lines, mapping ast positions (UTF-8 byte columns) to character
+    offsets into the text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = split_lines(text)
+        self._starts: list[int] = []
+        offset = 0
+        for line in self.lines:
+            self._starts.append(offset)
+            offset += len(line)
+        self._starts.append(offset)
+
+    def line(self, lineno: int) -> str:
+        """The text of 1-based line ``lineno`` without its line ending."""
+        return self.lines[lineno - 1].rstrip("\r\n")
+
+    def char_col(self, lineno: int, byte_col: int) -> int:
+        """Convert an ast column (UTF-8 bytes) on ``lineno`` to a character column."""
+        return len(self.line(lineno).encode("utf-8")[:byte_col].decode("utf-8"))
+
+    def offset(self, lineno: int, byte_col: int) -> int:
+        """Character offset into the whole text of an ast position."""
+        return self._starts[lineno - 1] + self.char_col(lineno, byte_col)
+
+    def span(self, node: ast.expr | ast.stmt) -> tuple[int, int]:
+        """Character offsets ``(start, end)`` of a node."""
+        assert node.end_lineno is not None and node.end_col_offset is not None
+        return (
+            self.offset(node.lineno, node.col_offset),
+            self.offset(node.end_lineno, node.end_col_offset),
+        )
+
+    def segment(self, node: ast.expr) -> str:
+        start, end = self.span(node)
+        return self.text[start:end]
+
+
+def compiles(text: str, filename: str = "<patched>") -> bool:
+    """Whether ``text`` compiles as a module (warnings silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(text, filename, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            return False
+    return True
