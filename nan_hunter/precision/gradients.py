@@ -226,7 +226,6 @@ class GradientLog:
                     sampled = len(range(0, n, max(1, n // SAMPLE)))
                     zeros, rounded_zeros = sampled - int(values[0]), sampled - int(values[1])
                     histogram = list(map(int, values[2:]))
-                    histogram[_EXP_OFFSET] -= zeros  # frexp(0) has exponent 0
                     slot.value = self._finish(n, zeros, rounded_zeros, tuple(histogram))
         return [
             s.value if s is not None and isinstance(s.value, GradRecord) else None for s in slots
@@ -267,8 +266,7 @@ class GradientLog:
         step = max(1, flat_exact.numel() // SAMPLE)
         if step > 1:
             flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
-        zeros = flat_exact.numel() - int(torch.count_nonzero(flat_exact))
-        counts = _exponent_counts(flat_exact, zeros)
+        zeros, counts = _exponent_counts(flat_exact)
         histogram = tuple(counts.tolist())
         nonzero = flat_exact.numel() - zeros
         limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
@@ -383,30 +381,53 @@ class _Resolved:
         return record
 
 
-def _exponent_counts(flat_exact: torch.Tensor, zeros: int | torch.Tensor) -> torch.Tensor:
-    """Counts of the nonzero values per binary exponent (index - 160)."""
-    exponents = torch.frexp(flat_exact).exponent.to(torch.int64).add_(_EXP_OFFSET)
-    counts = torch.bincount(exponents.clamp_(0, _EXP_BINS - 1), minlength=_EXP_BINS)
-    counts[_EXP_OFFSET] -= zeros  # frexp(0) has exponent 0
-    return counts
+_BIASED = 256
+"""FP32's biased exponent field takes 256 values; bucket 0 of ``_exponent_buckets`` is zero."""
+
+
+def _exponent_buckets(flat_exact: torch.Tensor) -> torch.Tensor:
+    """Per value, from its FP32 bits: 0 for zero, else 1 + the biased exponent field. Three
+    integer kernels instead of ``frexp`` (several times slower); every normal value's bucket is
+    its ``frexp`` exponent + 127, and the FP32 subnormals (below 2**-126, far below anything
+    FP16 keeps at any loss scale) share the bucket of exponent -126."""
+    if flat_exact.dtype != torch.float32:
+        flat_exact = flat_exact.float()
+    bits = flat_exact.view(torch.int32).bitwise_and(0x7FFFFFFF)
+    return bits.bitwise_right_shift(23).add_(bits.ne(0))
+
+
+def _histogram(buckets: torch.Tensor) -> torch.Tensor:
+    """Zeros, then the nonzero values per binary exponent (index - 160), in one int64 row of
+    ``1 + _EXP_BINS``."""
+    counts = torch.bincount(buckets, minlength=_BIASED + 1)
+    row = torch.zeros(1 + _EXP_BINS, dtype=torch.int64, device=buckets.device)
+    row[0] = counts[0]
+    first = 1 + _EXP_OFFSET - 126  # biased exponent E is frexp exponent E - 126
+    row[first : first + _BIASED].copy_(counts[1:])
+    return row
+
+
+def _exponent_counts(flat_exact: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """The zeros among ``flat_exact`` and the counts of its nonzero values per binary
+    exponent (index - 160)."""
+    row = _histogram(_exponent_buckets(flat_exact))
+    return int(row[0]), row[1:]
 
 
 def _histogram_row(exact: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
     """On the device, over the strided sample ``_record_now`` takes: the nonzero exact values,
-    the nonzero rounded ones, and the exponent histogram of the exact values (zeros included,
-    in bin ``_EXP_OFFSET``), as one int64 row of ``2 + _EXP_BINS``."""
+    the nonzero rounded ones, and the exponent histogram of the nonzero exact values, as one
+    int64 row of ``2 + _EXP_BINS``."""
     flat_exact, flat_rounded = exact.reshape(-1), rounded.reshape(-1)
     step = max(1, flat_exact.numel() // SAMPLE)
     if step > 1:
         flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
-    exponents = torch.frexp(flat_exact.float()).exponent.add_(_EXP_OFFSET).clamp_(0, _EXP_BINS - 1)
-    return torch.cat(
-        [
-            torch.count_nonzero(flat_exact).view(1),
-            torch.count_nonzero(flat_rounded).view(1),
-            torch.bincount(exponents, minlength=_EXP_BINS),
-        ]
-    )
+    row = torch.empty(2 + _EXP_BINS, dtype=torch.int64, device=flat_exact.device)
+    counts = _histogram(_exponent_buckets(flat_exact))
+    row[2:].copy_(counts[1:])
+    row[0] = flat_exact.numel() - counts[0]
+    row[1] = torch.count_nonzero(flat_rounded)
+    return row
 
 
 def _lost_share(cumulative: list[int], shift: float, limit: float) -> float:

@@ -196,11 +196,12 @@ def _boundaries(
         return []
     found = []
     seen: set[int] = set()
+    consumers = _Consumers(low, fmt)
     for boundary in log.boundaries:
         stats = boundary.record.flush
         if stats.nonzero < MIN_VALUES or stats.lost_share <= settings.grad_underflow_share:
             continue
-        event = _consumer(low, boundary.shape, fmt)
+        event = consumers.of(boundary.shape)
         if event is None or event.index in seen:
             continue
         seen.add(event.index)
@@ -222,19 +223,24 @@ def _boundaries(
     return found
 
 
-def _consumer(low: PassResult, shape: tuple[int, ...], fmt: FloatFormat) -> OpEvent | None:
-    """The op that received an FP16 tensor of ``shape`` and computed in FP32: the loss first
-    (ops in ``loss_fn``), else the last such op of the forward."""
-    def takes(event: OpEvent) -> bool:
-        return any(s.dtype == fmt.name and tuple(s.shape) == shape for s in event.inputs) and any(
-            s.dtype == "float32" for s in event.outputs
-        )
+class _Consumers:
+    """The ops that received an FP16 tensor and computed in FP32, by the received shape: the
+    loss's first (ops in ``loss_fn``), else the forward's last. Indexed once per pass, so a model
+    with many boundaries does not scan its events once per boundary."""
 
-    in_loss = [e for e in low.events if e.in_loss and takes(e)]
-    if in_loss:
-        return in_loss[0]
-    others = [e for e in low.events if takes(e)]
-    return others[-1] if others else None
+    def __init__(self, low: PassResult, fmt: FloatFormat) -> None:
+        self._in_loss: dict[tuple[int, ...], OpEvent] = {}
+        self._last: dict[tuple[int, ...], OpEvent] = {}
+        for event in low.events:
+            if not any(s.dtype == "float32" for s in event.outputs):
+                continue
+            for shape in {tuple(s.shape) for s in event.inputs if s.dtype == fmt.name}:
+                self._last[shape] = event
+                if event.in_loss:
+                    self._in_loss.setdefault(shape, event)
+
+    def of(self, shape: tuple[int, ...]) -> OpEvent | None:
+        return self._in_loss.get(shape) or self._last.get(shape)
 
 
 def _fp16_producer(
