@@ -30,7 +30,7 @@ from nan_hunter.precision.loss_scale import back_off
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.progress import announce
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
-from nan_hunter.runner import PassResult, run_pass
+from nan_hunter.runner import PassResult, PassRunner, run_pass
 
 
 def scan_target(target: Target, settings: Settings) -> Report:
@@ -63,21 +63,21 @@ def scan_target(target: Target, settings: Settings) -> Report:
         # GradScaler cannot unscale FP16 gradients (a model.half() run trains unscaled), and
         # BF16 has FP32's range: nobody runs a GradScaler with it
         settings = dataclasses.replace(settings, grad_scale=None)
-    backward = _Backward(target, settings, plan, model, batch)
-    scale = settings.loss_scale()
-    low, log = backward.run(scale)
-    window = backward.window(low, log, scale)
-    skipped = 0
-    if settings.dynamic_scale and backward_origins(low) and not forward_origins(low):
-        settled, skipped = back_off(scale, window, fmt, low.loss)
-        if settled != scale:  # analyse the step GradScaler lets through
-            scale = settled
-            why = f"backward at GradScaler's backed-off {scale_text(scale)}"
-            low, log = backward.run(scale, why)
-        if backward_origins(low) and scale > 1.0:  # overflows wherever GradScaler can go
-            skipped += round(math.log2(scale))
-            scale = 1.0
-            low, log = backward.run(scale, "unscaled backward: overflows at every scale")
+    with _Backward(target, settings, plan, model, batch) as backward:
+        scale = settings.loss_scale()
+        low, log = backward.run(scale)
+        window = backward.window(low, log, scale)
+        skipped = 0
+        if settings.dynamic_scale and backward_origins(low) and not forward_origins(low):
+            settled, skipped = back_off(scale, window, fmt, low.loss)
+            if settled != scale:  # analyse the step GradScaler lets through
+                scale = settled
+                why = f"backward at GradScaler's backed-off {scale_text(scale)}"
+                low, log = backward.run(scale, why)
+            if backward_origins(low) and scale > 1.0:  # overflows wherever GradScaler can go
+                skipped += round(math.log2(scale))
+                scale = 1.0
+                low, log = backward.run(scale, "unscaled backward: overflows at every scale")
     if low.backward_ran:
         info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
     ref: PassResult | None = None
@@ -118,7 +118,10 @@ def scan_target(target: Target, settings: Settings) -> Report:
 
 
 class _Backward:
-    """The low-precision pass at a loss scale, and the loss-scale window measured from it."""
+    """The low-precision pass at a loss scale, and the loss-scale window measured from it.
+
+    Passes at several loss scales share one forward where the graph can be kept (see
+    ``PassRunner``); the model is restored on exit."""
 
     def __init__(
         self,
@@ -128,8 +131,23 @@ class _Backward:
         model: torch.nn.Module,
         batch: Batch,
     ) -> None:
-        self.target, self.settings, self.plan = target, settings, plan
-        self.model, self.batch = model, batch
+        self.settings, self.plan = settings, plan
+        self._runner = PassRunner(
+            model,
+            lambda: _fresh(batch),
+            target.loss_fn,
+            plan.fmt,
+            plan.low_precision,
+            plan.numerics,
+            backward=settings.backward,
+            half=settings.mode == "half",
+        )
+
+    def __enter__(self) -> _Backward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._runner.close()
 
     def run(self, scale: float, why: str = "") -> tuple[PassResult, GradientLog | None]:
         """One low-precision pass at loss ``scale``; ``why`` names a repeated one."""
@@ -137,19 +155,7 @@ class _Backward:
         settings = self.settings
         backward = " + backward" if settings.backward else ""
         announce(why or f"{settings.dtype} {settings.mode} pass{backward}")
-        low = run_pass(
-            self.model,
-            _fresh(self.batch),
-            self.target.loss_fn,
-            self.plan.low_precision(),
-            self.plan.fmt,
-            backward=self.settings.backward,
-            numerics=self.plan.numerics(log),
-            half=self.settings.mode == "half",
-            grad_scale=scale,
-            gradients=log,
-        )
-        return low, log
+        return self._runner.run(scale, log), log
 
     def window(
         self, low: PassResult, log: GradientLog | None, scale: float

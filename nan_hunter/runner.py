@@ -161,25 +161,15 @@ def run_pass(
     tracer's sight (``StaleStatistics``), the pass runs again, RNG state rewound, reading every
     tensor back as it is seen.
     """
-    rng = _rng_state()
-    again_precision, again_numerics = _recreator(precision), _recreator(numerics)
-    options: dict[str, Any] = {
-        "backward": backward, "half": half, "grad_scale": grad_scale, "gradients": gradients,
-        "count_all": count_all,
-    }  # fmt: skip
-    try:
-        with fewer_collections():
-            return _run_pass(model, batch, loss_fn, precision, fmt, numerics, **options)
-    except StaleStatistics:
-        torch.random.set_rng_state(rng[0])
-        if rng[1] is not None:
-            torch.cuda.set_rng_state_all(rng[1])
-        if gradients is not None:
-            gradients.reset(depth=1)
-        with fewer_collections():
-            return _run_pass(
-                model, batch, loss_fn, again_precision(), fmt, again_numerics(), depth=0, **options
-            )
+    def no_numerics(_: GradientLog | None) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # ``numerics`` wraps the whole pass instead
+
+    with PassRunner(
+        model, lambda: batch, loss_fn, fmt, _first_then_anew(precision), no_numerics,
+        backward=backward, half=half, count_all=count_all, retain_bytes=-1,
+        outer=_first_then_anew(numerics),
+    ) as runner:  # fmt: skip
+        return runner.run(grad_scale, gradients)
 
 
 GC_THRESHOLD = 100_000
@@ -205,82 +195,216 @@ def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     return torch.random.get_rng_state(), cuda
 
 
-def _recreator(
+def _first_then_anew(
     context: contextlib.AbstractContextManager[Any] | None,
 ) -> Callable[[], contextlib.AbstractContextManager[Any] | None]:
-    """Makes ``context`` anew for a second pass: ``@contextmanager`` ones are single-use (and
-    forget their function once entered, so it is taken now)."""
+    """``context`` on the first call, then a new one like it on each later call (a pass that
+    runs again): ``@contextmanager`` ones are single-use (and forget their function once
+    entered, so it is taken now)."""
     func = getattr(context, "func", None)
+    unused = [context]
     if isinstance(context, contextlib._GeneratorContextManager) and func is not None:
         args, kwds, kind = context.args, context.kwds, type(context)
-        return lambda: kind(func, args, kwds)
+        return lambda: unused.pop() if unused else kind(func, args, kwds)
     return lambda: context
 
 
-def _run_pass(
-    model: torch.nn.Module,
-    batch: Batch,
-    loss_fn: LossFn | None,
-    precision: contextlib.AbstractContextManager[Any],
-    fmt: FloatFormat,
-    numerics: contextlib.AbstractContextManager[Any] | None,
-    *,
-    backward: bool,
-    half: bool,
-    grad_scale: float,
-    gradients: GradientLog | None,
-    count_all: bool,
-    depth: int | None = None,
-) -> PassResult:
-    from nan_hunter.trace.tracer import OpTracer
+RETAIN_BYTES = 64 << 20
+"""A forward whose traced outputs take at most this many bytes keeps its graph, so that a
+backward at another loss scale reuses it instead of running the forward again; beyond it,
+the forward runs again, and a scan's peak memory stays that of one plain backward (a retained
+graph keeps every saved activation alive to the end of the backward)."""
 
-    state = ModelState(model)
-    modules = ModuleTracker(model, on_output=lambda output: tracer.mark_escaped(output))
-    tracer = OpTracer(
-        modules, fmt, count_all=count_all, before_write=state.protect, depth=depth
-    )
-    params = [p for p in model.parameters() if p.requires_grad]
-    backward_ran = False
-    try:
-        if half:
-            _to_dtype(model, fmt.dtype)
-            batch = _batch_to(batch, fmt.dtype)
-        with modules, numerics or contextlib.nullcontext():
-            with tracer, precision:
-                with _user_errors(modules, "forward"):
-                    output = model(*batch.args, **batch.kwargs)
-                tracer.in_loss = True
-                if loss_fn is not None:
-                    with _user_errors(modules, "loss_fn"):
-                        loss = loss_fn(output, batch.raw)
-                else:
-                    with tracer.paused():
-                        loss = default_loss(output)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise UserCodeError(f"loss_fn must return a scalar tensor, got {_describe(loss)}")
-            loss_stats = tensor_stats(loss.detach(), fmt)
-            param_grads: dict[str, GradRecord] = {}
-            if backward and params and loss.requires_grad:
-                scaled = loss * grad_scale if grad_scale != 1.0 else loss
-                if gradients is not None:
-                    gradients.watch(_gradient_sizes(params))
-                with tracer.backward_hooks(), _user_errors(modules, "backward"):
-                    grads = torch.autograd.grad(scaled, params, allow_unused=True)
-                backward_ran = True
-                if gradients is not None:
-                    gradients.flush()
-                    param_grads = _param_grads(model, params, grads, gradients)
+
+class PassRunner:
+    """Low-precision passes of one model at one or more loss scales, the forward shared.
+
+    ``run(scale, gradients)`` returns the ``PassResult`` of a forward + loss + backward from
+    ``loss * scale``. The first call runs the forward; later calls run only the backward, on
+    the same graph, when the forward's traced outputs took at most ``retain_bytes`` (the forward
+    is deterministic given the model, batch and RNG state, so a second one would compute the
+    same events: only the backward depends on the scale). Otherwise each call runs the whole
+    pass. Use as a context manager: the model is restored on exit.
+
+    ``batch()`` gives the batch of each forward (a copy, if the model may write into it);
+    ``precision()`` makes the context of forward and loss (autocast and its policy);
+    ``numerics(log)`` that of forward and backward (the FP16 emulation), logging gradients into
+    ``log`` during a backward; ``outer()``, if given, one context around the forward and the
+    backward of a whole pass (``run_pass``'s single-use ``numerics``).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch: Callable[[], Batch],
+        loss_fn: LossFn | None,
+        fmt: FloatFormat,
+        precision: Callable[[], contextlib.AbstractContextManager[Any]],
+        numerics: Callable[[GradientLog | None], contextlib.AbstractContextManager[Any]],
+        *,
+        backward: bool,
+        half: bool = False,
+        count_all: bool = False,
+        retain_bytes: int | None = None,
+        outer: Callable[[], contextlib.AbstractContextManager[Any] | None] | None = None,
+    ) -> None:
+        self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
+        self._precision, self._numerics, self._outer = precision, numerics, outer
+        self._backward, self._half, self._count_all = backward, half, count_all
+        self._retain_bytes = RETAIN_BYTES if retain_bytes is None else retain_bytes
+        self._forward: _TracedForward | None = None
+        self.forwards = 0
+        """Forwards run so far (for tests and benchmarks)."""
+
+    def __enter__(self) -> PassRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the graph and restore the model (idempotent)."""
+        forward, self._forward = self._forward, None
+        if forward is not None:
+            forward.close()
+
+    def run(self, scale: float = 1.0, gradients: GradientLog | None = None) -> PassResult:
+        forward = self._forward
+        if forward is not None and forward.reusable:
+            return forward.backward(scale, gradients, retain=True)
+        self.close()
+        rng = _rng_state()
+        try:
+            with fewer_collections():
+                return self._whole(scale, gradients, depth=None)
+        except StaleStatistics:
+            # The model wrote to a waiting tensor out of sight: again, every tensor read back
+            # as it is seen, from the same RNG state.
+            self.close()
+            torch.random.set_rng_state(rng[0])
+            if rng[1] is not None:
+                torch.cuda.set_rng_state_all(rng[1])
+            if gradients is not None:
+                gradients.reset(depth=1)
+            with fewer_collections():
+                return self._whole(scale, gradients, depth=0)
+
+    def _whole(self, scale: float, gradients: GradientLog | None, depth: int | None) -> PassResult:
+        outer = self._outer() if self._outer is not None else None
+        with outer or contextlib.nullcontext():
+            forward = _TracedForward(
+                self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
+                half=self._half, count_all=self._count_all, depth=depth,
+                backward=self._backward,
+            )  # fmt: skip
+            self._forward = forward
+            self.forwards += 1
+            forward.run(self._precision())
+            retain = 0 <= forward.output_bytes <= self._retain_bytes
+            result = forward.backward(scale, gradients, retain=retain)
+            if not retain:
+                self.close()
+            return result
+
+
+class _TracedForward:
+    """One traced forward + loss, and backwards on its graph; ``close`` restores the model."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch: Batch,
+        loss_fn: LossFn | None,
+        fmt: FloatFormat,
+        numerics: Callable[[GradientLog | None], contextlib.AbstractContextManager[Any]],
+        *,
+        half: bool,
+        count_all: bool,
+        depth: int | None,
+        backward: bool,
+    ) -> None:
+        from nan_hunter.trace.tracer import OpTracer
+
+        self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
+        self._numerics, self._half, self._backward = numerics, half, backward
+        self._state = ModelState(model)
+        self._modules = ModuleTracker(
+            model, on_output=lambda output: self._tracer.mark_escaped(output)
+        )
+        self._tracer = OpTracer(
+            self._modules, fmt, count_all=count_all, before_write=self._state.protect,
+            depth=depth,
+        )  # fmt: skip
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._loss: torch.Tensor | None = None
+        self._loss_stats: TensorStats | None = None
+        self._events: tuple[OpEvent, ...] = ()
+        self._retained = False
+        self.reusable = False
+        """Whether another backward can run on the graph (retained, and nothing failed)."""
+
+    @property
+    def output_bytes(self) -> int:
+        return self._tracer.output_bytes
+
+    def run(self, precision: contextlib.AbstractContextManager[Any]) -> None:
+        model, batch, tracer, modules = self._model, self._batch, self._tracer, self._modules
+        if self._half:
+            _to_dtype(model, self._fmt.dtype)
+            batch = _batch_to(batch, self._fmt.dtype)
+        with modules, self._numerics(None), tracer, precision:
+            with _user_errors(modules, "forward"):
+                output = model(*batch.args, **batch.kwargs)
+            tracer.in_loss = True
+            if self._loss_fn is not None:
+                with _user_errors(modules, "loss_fn"):
+                    loss = self._loss_fn(output, batch.raw)
+            else:
+                with tracer.paused():
+                    loss = default_loss(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise UserCodeError(f"loss_fn must return a scalar tensor, got {_describe(loss)}")
+        self._loss = loss
+        self._loss_stats = tensor_stats(loss.detach(), self._fmt)
+        self._events = tuple(tracer.events)
+
+    def backward(
+        self, scale: float, gradients: GradientLog | None, *, retain: bool
+    ) -> PassResult:
+        """A backward from ``loss * scale`` (none if ``backward`` is off or nothing needs a
+        gradient); ``retain``: keep the graph for another one."""
+        loss, tracer, modules, params = self._loss, self._tracer, self._modules, self._params
+        assert loss is not None
+        self.reusable = False
+        param_grads: dict[str, GradRecord] = {}
+        backward_ran = False
+        tracer.begin_backward()
+        if self._backward and params and loss.requires_grad:
+            scaled = loss * scale if scale != 1.0 else loss
+            if gradients is not None:
+                gradients.watch(_gradient_sizes(params))
+            hooks = tracer.backward_hooks()
+            with modules, self._numerics(gradients), hooks, _user_errors(modules, "backward"):
+                grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
+            backward_ran = True
+            if gradients is not None:
+                gradients.flush()
+                param_grads = _param_grads(self._model, params, grads, gradients)
+        self.reusable = retain or not backward_ran
         return PassResult(
-            events=tuple(tracer.events),
+            events=self._events,
             grad_events=tuple(tracer.grad_events),
             first_origin_call=tracer.first_origin_call,
-            loss=loss_stats,
+            loss=self._loss_stats,
             backward_ran=backward_ran,
             escaped=frozenset(tracer.escaped),
             param_grads=param_grads,
         )
-    finally:
-        state.restore()
+
+    def close(self) -> None:
+        self._loss = None
+        self._tracer.release()
+        self._state.restore()
 
 
 def _gradient_sizes(params: list[torch.nn.Parameter]) -> set[int]:

@@ -121,13 +121,13 @@ def _runs(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     runs: list[int | None] = []
     from nan_hunter import runner
 
-    original = runner._run_pass
+    original = runner.PassRunner._whole
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        runs.append(kwargs.get("depth"))
-        return original(*args, **kwargs)
+    def counted(self: Any, scale: float, gradients: Any, depth: int | None) -> Any:
+        runs.append(depth)
+        return original(self, scale, gradients, depth)
 
-    monkeypatch.setattr(runner, "_run_pass", counted)
+    monkeypatch.setattr(runner.PassRunner, "_whole", counted)
     return runs
 
 

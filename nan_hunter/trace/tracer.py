@@ -135,6 +135,8 @@ class OpTracer(TorchFunctionMode):
         """Set by the runner while the loss function runs."""
         self.escaped: set[int] = set()
         """Indices of ops whose output left a module (a module's or the model's output)."""
+        self.output_bytes = 0
+        """Bytes of the traced outputs: what a retained graph may keep alive, at most."""
 
     @property
     def host_reads(self) -> int:
@@ -253,6 +255,7 @@ class OpTracer(TorchFunctionMode):
         low = self._fmt.dtype
         out_slots = []
         for t in out_tensors:
+            self.output_bytes += t.numel() * t.element_size()
             slot = self._queue.add(t, counts_all or t.dtype == low)
             self._stats[t] = slot
             self._producer[t] = index
@@ -374,6 +377,16 @@ class OpTracer(TorchFunctionMode):
     def backward_hooks(self) -> _BackwardHooks:
         return _BackwardHooks(self)
 
+    def begin_backward(self) -> None:
+        """Forget the gradients of an earlier backward on the same graph."""
+        self._queue.flush()
+        self._grad_records, self._grad_events = [], []
+        self._grad_stats = TensorMap()
+
+    def release(self) -> None:
+        """Drop the autograd nodes held for backward hooks (the graph can go)."""
+        self._nodes.clear()
+
     def _grad_slot(self, g: torch.Tensor) -> int:
         """A gradient's slot: one node's produced gradient is often the next one's incoming."""
         slot = self._grad_stats.get(g)
@@ -412,7 +425,6 @@ class _BackwardHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._tracer._nodes.clear()
         self._tracer.flush()
 
 

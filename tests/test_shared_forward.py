@@ -1,0 +1,84 @@
+"""Passes at several loss scales share one forward (``runner.PassRunner``).
+
+The low-precision forward does not depend on the loss scale, so when the scan needs backwards at
+several scales (GradScaler's back-off, the unscaled window, a cast boundary's scale) they run on
+one retained graph. The reports must be exactly those of a forward per backward, and the model
+must be restored exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from types import ModuleType
+
+import pytest
+import torch
+
+from nan_hunter import runner
+from nan_hunter.api import scan
+from tests.conftest import FIXTURES
+
+
+def _load(name: str) -> ModuleType:
+    path = FIXTURES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_shared_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _scan_counting_forwards(name: str) -> tuple[object, int, list[torch.Tensor]]:
+    """The report of fixture ``name``, how many times its model's forward ran, and its
+    parameters and buffers after the scan."""
+    fixture = _load(name)
+    model = fixture.build_model()
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    report = scan(model, fixture.sample_batch(), getattr(fixture, "loss_fn", None))
+    state = [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
+    return report, len(calls), state
+
+
+def _same(a: object, b: object) -> None:
+    """Reports equal but for the time they took."""
+    assert dataclasses.replace(a, seconds=0.0) == dataclasses.replace(b, seconds=0.0)  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize(
+    ("name", "low_passes"),
+    [("fx_backward_inf", 3), ("fx_subnormal_activations", 3), ("fx_loss_weight_underflow", 2)],
+)
+def test_backwards_at_several_scales_share_one_forward(
+    name: str, low_passes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared, forwards, state = _scan_counting_forwards(name)
+    monkeypatch.setattr(runner, "RETAIN_BYTES", -1)  # a forward per backward, as before
+    again, forwards_again, state_again = _scan_counting_forwards(name)
+    _same(shared, again)
+    reference = 1 if shared.reference_loss is not None else 0  # the FP32 pass
+    assert forwards == 1 + reference
+    assert forwards_again == low_passes + reference
+    assert all(torch.equal(a, b) for a, b in zip(state, state_again, strict=True))
+
+
+def test_a_large_forward_is_run_again_rather_than_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond ``RETAIN_BYTES`` of traced outputs the graph is not kept (it would hold every
+    activation to the end of the backward): each backward gets its own forward."""
+    monkeypatch.setattr(runner, "RETAIN_BYTES", 0)
+    report, forwards, _ = _scan_counting_forwards("fx_backward_inf")
+    assert forwards == 3 + 1
+    assert [f.code for f in report.findings][:1] == ["NH401"]
+
+
+def test_the_model_is_restored_after_shared_backwards() -> None:
+    fixture = _load("fx_backward_inf")
+    model = fixture.build_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = [p.grad for p in model.parameters()]
+    scan(model, fixture.sample_batch(), fixture.loss_fn)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert [p.grad for p in model.parameters()] == grads
+    assert all(p.dtype == torch.float32 for p in model.parameters())
