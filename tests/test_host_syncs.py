@@ -245,3 +245,29 @@ def test_the_collector_runs_less_often_during_a_pass_and_as_before_after_it() ->
         assert gc.get_threshold() == (700, 10, 10)
     finally:
         gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_zero_and_subnormal_counts_from_the_bits_equal_the_float_ones(
+    dtype: torch.dtype,
+) -> None:
+    """FP16/BF16 tensors in their own format are counted on their magnitude bits: -0.0 is a
+    zero, a subnormal of either sign is tiny, NaN and inf are neither; small tensors exactly,
+    large ones on the strided sample, as the float path counts them."""
+    from nan_hunter.precision.formats import BF16, FP16
+    from nan_hunter.trace.stats import tensor_stats
+
+    fmt = FP16 if dtype == torch.float16 else BF16
+    torch.manual_seed(0)
+    for n in (12, 1000, 300_001):
+        x = torch.randn(n) * 1e-2
+        x[::5] = 0.0
+        x[::7] = -0.0
+        x[::11] *= fmt.smallest_normal * 10  # subnormal in the format, both signs
+        x = x.to(dtype)
+        queue = deferred.StatsQueue(fmt)
+        slot = queue.add(x, True)
+        stats = queue.stats(slot)
+        assert stats == tensor_stats(x, fmt)
+        assert stats.zeros is not None and stats.zeros >= n // 5
+        assert stats.tiny

