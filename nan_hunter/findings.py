@@ -7,8 +7,8 @@ import importlib
 from dataclasses import dataclass, field
 
 from nan_hunter.location import SourceLocation
-from nan_hunter.precision.gradients import ScaleWindow
-from nan_hunter.trace.stats import TensorStats
+from nan_hunter.precision.scale_window import ScaleWindow
+from nan_hunter.trace.summary import TensorStats
 
 _OUTPUT_LAYER = "nan_hunter.report"
 """Where ``Report.render`` finds the emitters: the layer above this one, imported by name when a

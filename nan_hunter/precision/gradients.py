@@ -17,9 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
-from nan_hunter.trace.stats import SAMPLE, format_number
+from nan_hunter.trace.stats import SAMPLE
+
+__all__ = [
+    "Boundary", "FlushStats", "GradRecord", "GradientLog", "ScaleWindow", "scale_advice",
+]
 
 _EXP_OFFSET = 160  # frexp exponents of FP32 values lie in [-148, 129]
 _EXP_BINS = 300
@@ -44,32 +49,6 @@ class FlushStats:
             self.vanished + other.vanished,
             self.subnormal + other.subnormal,
         )
-
-
-@dataclass(frozen=True)
-class ScaleWindow:
-    """Loss scales ``2**low .. 2**high`` (exponents) that keep FP16 gradients healthy."""
-
-    low: int | None
-    """None: no parameter gradient limits the scale from below (or the window is empty)."""
-    high: int | None
-    """None: the window is empty."""
-    current: float
-    """The loss scale the scan ran with (1 without ``--grad-scale``)."""
-    max_abs: float
-    """The largest gradient magnitude at the current scale."""
-
-    @property
-    def empty(self) -> bool:
-        return self.high is None
-
-    @property
-    def recommended(self) -> int | None:
-        """Exponent of the recommended ``GradScaler(init_scale=2**k)``: the top of the window
-        with one doubling of headroom, as gradients grow during training."""
-        if self.high is None:
-            return None
-        return self.high - 1 if self.low is None else max(self.low, self.high - 1)
 
 
 @dataclass(frozen=True)
@@ -439,20 +418,3 @@ def _lost_share(cumulative: list[int], shift: float, limit: float) -> float:
     if total == 0 or last < 0:
         return 0.0
     return cumulative[min(last, len(cumulative) - 1)] / total
-
-
-def scale_advice(window: ScaleWindow, fmt: FloatFormat) -> str:
-    """One sentence: the window of loss scales and the GradScaler to use, or that none fits."""
-    if window.high is None or window.recommended is None:
-        return (
-            f"no loss scale keeps these gradients within {fmt.name}: the largest reaches "
-            f"{format_number(window.max_abs / window.current)} unscaled while many are tiny; "
-            "keep these layers in FP32 or train in BF16"
-        )
-    scales = (
-        f"loss scales up to 2**{window.high} keep every gradient finite"
-        if window.low is None
-        else f"loss scales 2**{window.low} .. 2**{window.high} keep every gradient finite and "
-        "lose little"
-    )
-    return f"{scales}; use torch.amp.GradScaler(init_scale=2**{window.recommended})"

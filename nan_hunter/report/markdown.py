@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from nan_hunter.findings import Finding, Phase, Report, Severity, SourceLocation
 from nan_hunter.report.paths import display_path
 from nan_hunter.report.text import verdict_sentence as fp32_verdict
-from nan_hunter.trace.stats import TensorStats, format_number
+from nan_hunter.trace.summary import TensorStats, format_number
 
 _PROSE_SPECIAL = re.compile(r"([\\`*_\[\]~]|<(?=[A-Za-z/!?]))")
 """What Markdown would read as markup in plain text: emphasis (``__add__``), links, HTML."""

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from io import StringIO
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
 from rich.text import Text
 
-from nan_hunter.findings import Finding, Fix, Phase, Report, ScanTarget, Severity
-from nan_hunter.precision.formats import FloatFormat, format_for
-from nan_hunter.precision.gradients import scale_advice
+from nan_hunter.findings import Finding, Fix, Phase, Report, Severity
+from nan_hunter.precision.scale_window import scale_advice
 from nan_hunter.report.paths import display_path
-from nan_hunter.rules.registry import Rule
-from nan_hunter.trace.stats import format_number
+from nan_hunter.trace.summary import format_number
+
+if TYPE_CHECKING:
+    from nan_hunter.rules.registry import Rule  # the rules import torch; rendering does not
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -69,7 +71,7 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
     console.print()
     if report.loss_scale is not None and any(f.phase is Phase.BACKWARD for f in report.findings):
         _paragraph(
-            console, f"[bold]loss scale[/]: {escape(scale_advice(report.loss_scale, _fmt(t)))}"
+            console, f"[bold]loss scale[/]: {escape(scale_advice(report.loss_scale, t.dtype))}"
         )
     _paragraph(console, _summary(report))
     return buffer.getvalue()
@@ -101,10 +103,6 @@ def render_rules(rules: Iterable[Rule], *, width: int | None = None) -> str:
 
 _RULES_SUMMARY_MIN = 50
 """Narrowest summary column beside the code, severity and name; narrower, it goes below."""
-
-
-def _fmt(target: ScanTarget) -> FloatFormat:
-    return format_for(target.dtype)
 
 
 def _finding(console: Console, f: Finding, *, detailed: bool) -> None:

@@ -1,4 +1,5 @@
-"""Cheap per-tensor statistics and their one-line human summary (in the spirit of lovely-tensors).
+"""Cheap per-tensor statistics, taken from tensors (the data and its one-line summary are in
+``trace.summary``).
 
 Statistics are taken over finite values only; NaN and inf are counted separately. Everything is
 computed with a handful of reductions and no copy of the tensor beyond one boolean mask.
@@ -7,11 +8,13 @@ computed with a handful of reductions and no copy of the tensor beyond one boole
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from nan_hunter.precision.formats import FP16, FloatFormat
+from nan_hunter.trace.summary import TensorStats, format_number
+
+__all__ = ["SAMPLE", "TensorStats", "dtype_name", "format_number", "tensor_stats"]
 
 _DTYPE_NAMES = {
     torch.float16: "float16",
@@ -23,83 +26,6 @@ _DTYPE_NAMES = {
 
 def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-
-
-@dataclass(frozen=True)
-class TensorStats:
-    shape: tuple[int, ...]
-    dtype: str
-    numel: int
-    nan: int = 0
-    posinf: int = 0
-    neginf: int = 0
-    min: float | None = None
-    """Smallest finite value (None when there is none)."""
-    max: float | None = None
-    abs_max: float | None = None
-    zeros: int | None = 0
-    """Exact zeros (None: not counted, as for FP32 results in the low-precision pass)."""
-    tiny: int | None = 0
-    """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5); estimated
-    from a strided sample of ``SAMPLE`` values on larger tensors (None: not counted)."""
-
-    @property
-    def nonfinite(self) -> int:
-        return self.nan + self.posinf + self.neginf
-
-    @property
-    def finite(self) -> bool:
-        return self.nonfinite == 0
-
-    @property
-    def is_floating(self) -> bool:
-        return self.dtype in _DTYPE_NAMES.values()
-
-    def exceeds(self, limit: float) -> bool:
-        return self.abs_max is not None and self.abs_max > limit
-
-    def render(self) -> str:
-        """One glanceable line: ``tensor[2, 6] float16 x∈[-3.5e+03, 4.1e-05] +inf×3 NaN×1``."""
-        shape = ", ".join(str(s) for s in self.shape)
-        parts = [f"tensor[{shape}]", self.dtype]
-        if self.numel == 0:
-            parts.append("empty")
-        elif self.min is not None and self.max is not None:
-            parts.append(f"x∈[{format_number(self.min)}, {format_number(self.max)}]")
-        elif self.is_floating:
-            parts.append("no finite values")
-        if self.posinf:
-            parts.append(f"+inf×{self.posinf}")
-        if self.neginf:
-            parts.append(f"-inf×{self.neginf}")
-        if self.nan:
-            parts.append(f"NaN×{self.nan}")
-        return " ".join(parts)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "numel": self.numel,
-            "min": self.min,
-            "max": self.max,
-            "abs_max": self.abs_max,
-            "nan": self.nan,
-            "posinf": self.posinf,
-            "neginf": self.neginf,
-            "zeros": self.zeros,
-            "tiny": self.tiny,
-        }
-
-
-def format_number(value: float) -> str:
-    """Compact human form of a number: 4 significant digits, or scientific when large or small."""
-    if value == 0:
-        return "0"
-    magnitude = abs(value)
-    if 1e-3 <= magnitude < 9999.5:  # .4g would round 9999.7 up to its own "1e+04"
-        return f"{value:.4g}"
-    return f"{value:.2e}"
 
 
 SAMPLE = 65536
