@@ -31,11 +31,13 @@ def send(channel: BinaryIO, message: tuple[Any, ...]) -> None:
 
 def imported_files() -> tuple[str, ...]:
     """Every file the process imported (the model file, its package, libraries)."""
+    from nan_hunter.project import real_path
+
     files = set()
     for module in list(sys.modules.values()):
         name = getattr(module, "__file__", None)
         if isinstance(name, str):
-            files.add(os.path.realpath(name))
+            files.add(real_path(name))
     return tuple(sorted(files))
 
 

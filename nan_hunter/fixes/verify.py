@@ -26,7 +26,7 @@ from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Finding, Fix, Report, SourceLocation
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.progress import announce
-from nan_hunter.project import is_installed, project_root
+from nan_hunter.project import is_installed, project_root, real_path
 
 Rescan = Callable[[Path], Report]
 """Scans an entry file with the options of the original scan (without verifying)."""
@@ -270,7 +270,7 @@ def _under(file: str, folder: Path) -> bool:
 
 def _is_project_file(file: str, root: Path) -> bool:
     try:
-        path = Path(file).resolve()
+        path = Path(real_path(file))
     except OSError:
         return False
     return (
