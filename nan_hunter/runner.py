@@ -173,15 +173,16 @@ def run_pass(
 
 
 GC_THRESHOLD = 100_000
-"""Allocations between two young-generation collections during a pass (Python's default: 700).
-A pass creates a few Python objects per op that all live to its end; with the default, the
-collector walks them again and again (a fifth of an op-heavy scan's time). Cycles are still
-collected, a hundred times less often."""
+"""Allocations between two young-generation collections during a scan (Python's default: 700).
+A pass creates a few Python objects per op that all live to the scan's end, and so do the
+analysis's; with the default, the collector walks them again and again (a fifth of an op-heavy
+scan's time). Cycles are still collected, a hundred times less often."""
 
 
 @contextlib.contextmanager
 def fewer_collections() -> Iterator[None]:
-    """Raise the cyclic garbage collector's first threshold for the duration of a pass."""
+    """Raise the cyclic garbage collector's first threshold for the duration of a scan or a
+    pass (nested: the outermost restores it)."""
     before = gc.get_threshold()
     gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])
     try:
