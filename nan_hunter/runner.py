@@ -272,7 +272,15 @@ class PassRunner:
     def run(self, scale: float = 1.0, gradients: GradientLog | None = None) -> PassResult:
         forward = self._forward
         if forward is not None and forward.reusable:
-            return forward.backward(scale, gradients, retain=True)
+            try:
+                return forward.backward(scale, gradients, retain=True)
+            except Exception:
+                # A second backward the graph does not support (a custom autograd.Function
+                # that frees what its backward needs, an error the model raises only on a
+                # repeat): the pass runs whole instead, as it would have without the shared
+                # forward, and a real error shows there.
+                if gradients is not None:
+                    gradients.reset()
         self.close()
         rng = _rng_state()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -82,3 +83,54 @@ def test_the_model_is_restored_after_shared_backwards() -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert [p.grad for p in model.parameters()] == grads
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+class _BackwardOnce(torch.autograd.Function):
+    """Identity whose backward works once per forward (it frees what it needs), like a
+    custom kernel that releases its buffers: a second backward on the kept graph fails."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.spent = False
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        if ctx.spent:
+            raise RuntimeError("the buffers of this backward were already freed")
+        ctx.spent = True
+        return grad
+
+
+class _OverflowingBackward(torch.nn.Module):
+    """fx_backward_inf's model with ``_BackwardOnce`` after its layer: the scan needs backwards
+    at several loss scales (its gradient overflows at all of them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _BackwardOnce.apply(self.fc(x))
+
+
+def test_a_graph_that_cannot_run_backward_twice_gets_a_forward_per_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def loss_fn(output: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        return output.float().sum() * 1e5
+
+    def scan_once() -> tuple[object, int]:
+        torch.manual_seed(0)
+        model = _OverflowingBackward()
+        calls = []
+        model.register_forward_pre_hook(lambda module, args: calls.append(1))
+        return scan(model, torch.randn(2, 8), loss_fn), len(calls)
+
+    report, forwards = scan_once()
+    monkeypatch.setattr(runner, "RETAIN_BYTES", -1)
+    expected, expected_forwards = scan_once()
+    _same(report, expected)
+    assert [f.code for f in report.findings][:1] == ["NH401"]
+    # every kept forward served one backward; its second one failed and ran the pass whole
+    assert forwards == expected_forwards
