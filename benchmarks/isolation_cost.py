@@ -1,10 +1,15 @@
-"""What the scan process (``nan_hunter.isolation``) costs: whole ``nan-hunter scan`` runs, child
-process vs in-process (``NAN_HUNTER_IN_PROCESS=1``), interleaved, wall time of the CLI process.
+"""What a whole ``nan-hunter scan`` costs as a user runs it: the CLI process with its scan process
+(``nan_hunter.isolation``), against the same scan in-process (``NAN_HUNTER_IN_PROCESS=1``) and,
+with ``--baseline DIR``, against the CLI of another checkout (before/after), interleaved, wall
+time of the CLI process.
 
     python benchmarks/isolation_cost.py [--runs 7] [--model examples/matrix_inverse.py]
+    python benchmarks/isolation_cost.py --baseline /tmp/base   # a checkout's nan_hunter/ + configs/
 
-Prints every run and the ratio of the medians (child / in-process). Run it on an idle machine:
-both variants are timed in turn, so load from elsewhere hits them alike but adds noise.
+Prints every run and the ratios of the medians. Every variant runs from a temporary working
+folder (so that the checkout it is started in does not shadow the one measured), on the model's
+absolute path. Run it on an idle machine: the variants are timed in turn, so load from elsewhere
+hits them alike but adds noise.
 """
 
 from __future__ import annotations
@@ -12,35 +17,36 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_once(model: str, in_process: bool) -> tuple[float, float]:
+def run_once(model: Path, variant: str, baseline: Path | None, cwd: str) -> tuple[float, float]:
     """Wall seconds of the whole CLI process, and CPU seconds of it and its scan process."""
     env = {**os.environ}
     env.pop("NAN_HUNTER_IN_PROCESS", None)
-    if in_process:
+    package = baseline if variant == "base" else ROOT
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package), env.get("PYTHONPATH")]))
+    if variant == "in-process":
         env["NAN_HUNTER_IN_PROCESS"] = "1"
-    command = shutil.which("nan-hunter")
     boot = [sys.executable, "-c", "from nan_hunter.cli import main; main()"]
-    args = [command] if command else boot
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
-        [*args, "scan", model, "--format", "json"], env=env, capture_output=True, cwd=ROOT
+        [*boot, "scan", str(model), "--format", "json"], env=env, capture_output=True, cwd=cwd
     )
     seconds = time.perf_counter() - start
     now = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CLI and its scan process
     cpu = (now.ru_utime + now.ru_stime) - (used.ru_utime + used.ru_stime)
     if done.returncode not in (0, 1):
-        raise SystemExit(f"scan failed ({done.returncode}): {done.stderr.decode()[-500:]}")
+        tail = done.stderr.decode()[-500:]
+        raise SystemExit(f"{variant}: scan failed ({done.returncode}): {tail}")
     return seconds, cpu
 
 
@@ -48,20 +54,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--model", default="examples/matrix_inverse.py")
+    parser.add_argument("--baseline", type=Path, help="a checkout (nan_hunter/ and configs/)")
     options = parser.parse_args()
-    run_once(options.model, True)  # warm the file cache
-    times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-    for i in range(options.runs):
-        for in_process in ((True, False) if i % 2 == 0 else (False, True)):
-            times[in_process].append(run_once(options.model, in_process))
-        (w1, c1), (w2, c2) = times[True][-1], times[False][-1]
-        print(f"run {i + 1}: in-process {w1:.2f} s (cpu {c1:.2f} s), "
-              f"child {w2:.2f} s (cpu {c2:.2f} s)", flush=True)
+    model = (ROOT / options.model).resolve()
+    baseline = options.baseline.resolve() if options.baseline else None
+    if baseline is not None and not (baseline / "nan_hunter").is_dir():
+        raise SystemExit(f"--baseline: no nan_hunter package in {baseline}")
+    variants = ["in-process", "child", *(["base"] if baseline else [])]
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="nh-isolation-") as cwd:
+        for variant in variants:
+            run_once(model, variant, baseline, cwd)  # warm the file cache
+        for i in range(options.runs):
+            order = variants[i % len(variants):] + variants[: i % len(variants)]
+            for variant in order:
+                times[variant].append(run_once(model, variant, baseline, cwd))
+            print(f"run {i + 1}: " + ", ".join(
+                f"{v} {times[v][-1][0]:.2f} s (cpu {times[v][-1][1]:.2f} s)" for v in variants
+            ), flush=True)  # fmt: skip
     for k, what in ((0, "wall"), (1, "cpu")):
-        here = statistics.median(t[k] for t in times[True])
-        child = statistics.median(t[k] for t in times[False])
-        print(f"{what}: median in-process {here:.2f} s, child process {child:.2f} s, "
-              f"ratio {child / here:.2f}")
+        median = {v: statistics.median(t[k] for t in times[v]) for v in variants}
+        line = ", ".join(f"{v} {median[v]:.2f} s" for v in variants)
+        ratios = f"child/in-process {median['child'] / median['in-process']:.2f}"
+        if baseline is not None:
+            ratios += f", child/base {median['child'] / median['base']:.2f}"
+        print(f"{what}: median {line}; {ratios}")
 
 
 if __name__ == "__main__":
