@@ -156,13 +156,16 @@ class _Backward:
     def __exit__(self, *exc: object) -> None:
         self._runner.close()
 
-    def run(self, scale: float, why: str = "") -> tuple[PassResult, GradientLog | None]:
-        """One low-precision pass at loss ``scale``; ``why`` names a repeated one."""
+    def run(
+        self, scale: float, why: str = "", *, events: bool = True
+    ) -> tuple[PassResult, GradientLog | None]:
+        """One low-precision pass at loss ``scale``; ``why`` names a repeated one; ``events``:
+        trace the backward node by node (the window's passes only measure gradients)."""
         log = GradientLog(self.plan.fmt) if self.plan.emulate and self.settings.backward else None
         settings = self.settings
         backward = " + backward" if settings.backward else ""
         announce(why or f"{settings.dtype} {settings.mode} pass{backward}")
-        return self._runner.run(scale, log), log
+        return self._runner.run(scale, log, events=events), log
 
     def window(
         self, low: PassResult, log: GradientLog | None, scale: float
@@ -177,12 +180,13 @@ class _Backward:
         share = self.settings.grad_underflow_share
         if scale != 1.0 and backward_origins(low):
             scale = 1.0
-            low, log = self.run(scale, "unscaled backward for the loss-scale window")
+            why = "unscaled backward for the loss-scale window"
+            low, log = self.run(scale, why, events=False)
         needed = log.boundary_low(scale, share)
         if needed is not None and 2.0**needed > scale:
             why = f"backward at {scale_text(2.0**needed)}, the scale a cast boundary needs"
-            better, better_log = self.run(2.0**needed, why)
-            if not backward_origins(better) and better_log is not None:
+            better, better_log = self.run(2.0**needed, why, events=False)
+            if better.gradients_finite and better_log is not None:
                 low, log, scale = better, better_log, 2.0**needed
         records = [*low.param_grads.values(), *(b.record for b in log.boundaries)]
         return log.window(scale, share, records)

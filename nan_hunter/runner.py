@@ -39,6 +39,9 @@ class PassResult:
     """Ops whose output left a module: the values a next layer may cast."""
     param_grads: dict[str, GradRecord] = field(default_factory=dict)
     """Per parameter name: what FP16 rounding did to its gradient (emulated backward only)."""
+    gradients_finite: bool | None = None
+    """For a backward run without per-node events (``grad_events`` empty): whether every
+    gradient stayed finite (each parameter's, and each one the gradient log saw rounded)."""
 
 
 class ModelState:
@@ -269,11 +272,16 @@ class PassRunner:
         if forward is not None:
             forward.close()
 
-    def run(self, scale: float = 1.0, gradients: GradientLog | None = None) -> PassResult:
+    def run(
+        self, scale: float = 1.0, gradients: GradientLog | None = None, *, events: bool = True
+    ) -> PassResult:
+        """``events``: trace the backward node by node (``grad_events``); without, only the
+        gradients are measured (``param_grads``, ``gradients``, ``gradients_finite``), which
+        is what a backward run for the loss-scale window needs, at a fraction of the cost."""
         forward = self._forward
         if forward is not None and forward.reusable:
             try:
-                return forward.backward(scale, gradients, retain=True)
+                return forward.backward(scale, gradients, retain=True, events=events)
             except Exception:
                 # A second backward the graph does not support (a custom autograd.Function
                 # that frees what its backward needs, an error the model raises only on a
@@ -285,7 +293,7 @@ class PassRunner:
         rng = _rng_state()
         try:
             with fewer_collections():
-                return self._whole(scale, gradients, depth=None)
+                return self._whole(scale, gradients, None, events)
         except StaleStatistics:
             # The model wrote to a waiting tensor out of sight: again, every tensor read back
             # as it is seen, from the same RNG state.
@@ -296,9 +304,11 @@ class PassRunner:
             if gradients is not None:
                 gradients.reset(depth=1)
             with fewer_collections():
-                return self._whole(scale, gradients, depth=0)
+                return self._whole(scale, gradients, 0, events)
 
-    def _whole(self, scale: float, gradients: GradientLog | None, depth: int | None) -> PassResult:
+    def _whole(
+        self, scale: float, gradients: GradientLog | None, depth: int | None, events: bool
+    ) -> PassResult:
         outer = self._outer() if self._outer is not None else None
         with outer or contextlib.nullcontext():
             forward = _TracedForward(
@@ -310,7 +320,7 @@ class PassRunner:
             self.forwards += 1
             forward.run(self._precision())
             retain = 0 <= forward.output_bytes <= self._retain_bytes
-            result = forward.backward(scale, gradients, retain=retain)
+            result = forward.backward(scale, gradients, retain=retain, events=events)
             if not retain:
                 self.close()
             return result
@@ -378,27 +388,31 @@ class _TracedForward:
         self._events = tuple(tracer.events)
 
     def backward(
-        self, scale: float, gradients: GradientLog | None, *, retain: bool
+        self, scale: float, gradients: GradientLog | None, *, retain: bool, events: bool = True
     ) -> PassResult:
         """A backward from ``loss * scale`` (none if ``backward`` is off or nothing needs a
-        gradient); ``retain``: keep the graph for another one."""
+        gradient); ``retain``: keep the graph for another one; ``events``: see
+        ``PassRunner.run``."""
         loss, tracer, modules, params = self._loss, self._tracer, self._modules, self._params
         assert loss is not None
         self.reusable = False
         param_grads: dict[str, GradRecord] = {}
         backward_ran = False
+        finite: bool | None = None
         tracer.begin_backward()
         if self._backward and params and loss.requires_grad:
             scaled = loss * scale if scale != 1.0 else loss
             if gradients is not None:
                 gradients.watch(_gradient_sizes(params))
-            hooks = tracer.backward_hooks()
+            hooks = tracer.backward_hooks() if events else contextlib.nullcontext()
             with modules, self._numerics(gradients), hooks, _user_errors(modules, "backward"):
                 grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
             backward_ran = True
             if gradients is not None:
                 gradients.flush()
                 param_grads = _param_grads(self._model, params, grads, gradients)
+            if not events:
+                finite = _all_finite(grads) and (gradients is None or not gradients.overflowed)
         self.reusable = retain or not backward_ran
         return PassResult(
             events=self._events,
@@ -408,12 +422,24 @@ class _TracedForward:
             backward_ran=backward_ran,
             escaped=frozenset(tracer.escaped),
             param_grads=param_grads,
+            gradients_finite=finite,
         )
 
     def close(self) -> None:
         self._loss = None
         self._tracer.release()
         self._state.restore()
+
+
+def _all_finite(grads: tuple[torch.Tensor | None, ...]) -> bool:
+    """Whether every gradient is finite: one max-magnitude per tensor (NaN and inf show in it),
+    one read back."""
+    present = [g.detach() for g in grads if g is not None and g.is_floating_point()]
+    if not present:
+        return True
+    with torch._C._DisableTorchDispatch():
+        norms = torch._foreach_norm(present, float("inf"))
+        return bool(torch.stack([n.float() for n in norms]).isfinite().all())
 
 
 def _gradient_sizes(params: list[torch.nn.Parameter]) -> set[int]:

@@ -123,9 +123,9 @@ def _runs(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
 
     original = runner.PassRunner._whole
 
-    def counted(self: Any, scale: float, gradients: Any, depth: int | None) -> Any:
+    def counted(self: Any, scale: float, gradients: Any, depth: int | None, events: bool) -> Any:
         runs.append(depth)
-        return original(self, scale, gradients, depth)
+        return original(self, scale, gradients, depth, events)
 
     monkeypatch.setattr(runner.PassRunner, "_whole", counted)
     return runs

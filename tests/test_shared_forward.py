@@ -134,3 +134,39 @@ def test_a_graph_that_cannot_run_backward_twice_gets_a_forward_per_backward(
     assert [f.code for f in report.findings][:1] == ["NH401"]
     # every kept forward served one backward; its second one failed and ran the pass whole
     assert forwards == expected_forwards
+
+
+def _window_runner(model: torch.nn.Module, batch: torch.Tensor) -> runner.PassRunner:
+    from nan_hunter.batch import Batch
+    from nan_hunter.precision.context import PrecisionPlan
+    from nan_hunter.precision.formats import FP16
+
+    plan = PrecisionPlan(mode="autocast", policy="cuda", device="cpu", fmt=FP16, emulate=True)
+    return runner.PassRunner(
+        model, lambda: Batch((batch,), {}, batch), None, FP16, plan.low_precision, plan.numerics,
+        backward=True,
+    )  # fmt: skip
+
+
+def test_a_gradients_only_backward_says_whether_they_stayed_finite() -> None:
+    """The loss-scale window's backwards skip the per-node events; whether a scale overflows
+    is read from the gradients themselves: the log's exact values (65520 and up become inf in
+    FP16) and every parameter's gradient."""
+    from nan_hunter.precision.formats import FP16
+    from nan_hunter.precision.gradients import GradientLog
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    batch = torch.randn(4, 8)
+    with _window_runner(model, batch) as passes:
+        traced = passes.run(1.0, GradientLog(FP16))
+        assert traced.grad_events and traced.gradients_finite is None
+        fine = GradientLog(FP16)
+        measured = passes.run(1.0, fine, events=False)
+        assert measured.grad_events == () and measured.gradients_finite is True
+        assert not fine.overflowed and measured.param_grads.keys() == traced.param_grads.keys()
+        assert measured.param_grads == traced.param_grads
+        too_far = GradientLog(FP16)
+        overflowing = passes.run(2.0**40, too_far, events=False)
+        assert overflowing.gradients_finite is False and too_far.overflowed
+        assert passes.forwards == 1

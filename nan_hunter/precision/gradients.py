@@ -80,11 +80,18 @@ class GradientLog:
 
     def __init__(self, fmt: FloatFormat, *, depth: int | None = None) -> None:
         self._fmt = fmt
+        top = 2.0 ** (math.floor(math.log2(fmt.max)) + 1)  # the next power of two
+        self._overflow = (fmt.max + top) / 2
+        """Rounded to ``fmt``, a value this large or larger becomes inf (FP16: 65520; the tie
+        rounds to even, the mantissa of 65504 is odd)."""
         self._depth = deferred.MAX_PENDING if depth is None else max(depth, 1)
         self._records: TensorMap[_Slot] = TensorMap()
         """Per rounded gradient (and its views and casts, sharing the slot): its record."""
         self._sizes: set[int] | None = None
         self._max_abs = 0.0
+        self.overflowed = False
+        """Whether a gradient was not finite, or became inf when rounded (beyond the format's
+        largest value), before or at its rounding."""
         self._pending: list[_PendingGrad] = []
         self._held = 0
         self._buffer = deferred.ResultBuffer(2 * self._depth)
@@ -100,6 +107,7 @@ class GradientLog:
             self._depth = max(depth, 1)
         self._records = TensorMap()
         self._max_abs = 0.0
+        self.overflowed = False
         self._pending, self._held = [], 0
         self._boundaries = []
 
@@ -167,12 +175,15 @@ class GradientLog:
         for slot, (key, at), n, held, row in pending:
             top = max(abs(host[key][at]), abs(host[key][at + 1]))
             if not math.isfinite(top):
+                self.overflowed = True
                 if held is None or (version_of(held[0]), version_of(held[1])) != held[2:]:
                     raise StaleStatistics("a non-finite gradient is no longer at hand")
                 with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
                     slot.value = self._record_now(held[0], held[1], full=row is not None)
                 continue
             self._max_abs = max(self._max_abs, top)
+            if top >= self._overflow:
+                self.overflowed = True
             if row is not None:
                 # The histogram stays on the device until someone asks for this record.
                 slot.value = _Row(row[0], row[1], n)
