@@ -18,10 +18,12 @@ from pathlib import Path
 def real_path(file: str) -> str:
     """``os.path.realpath(file)``, the folders' resolution cached: a scan looks at the file of
     every imported module (about 1,400 with torch, in about 150 folders), and ``realpath``
-    checks every component of every path. A file that is itself a link is resolved whole."""
-    if os.path.islink(file):
+    checks every component of every path. A file that is itself a link, or a path with a
+    ``..`` (which must follow the links before it), is resolved whole."""
+    if os.path.islink(file) or os.pardir in file.split(os.sep):
+        # a ".." after a linked folder leaves the link's target: only realpath knows where
         return os.path.realpath(file)
-    folder, name = os.path.split(os.path.abspath(file))
+    folder, name = os.path.split(os.path.join(os.getcwd(), file))
     return os.path.join(_real_folder(folder), name)
 
 

@@ -225,10 +225,12 @@ class PassRunner:
 
     ``run(scale, gradients)`` returns the ``PassResult`` of a forward + loss + backward from
     ``loss * scale``. The first call runs the forward; later calls run only the backward, on
-    the same graph, when the forward's traced outputs took at most ``retain_bytes`` (the forward
-    is deterministic given the model, batch and RNG state, so a second one would compute the
-    same events: only the backward depends on the scale). Otherwise each call runs the whole
-    pass. Use as a context manager: the model is restored on exit.
+    the same graph, when the forward's traced outputs took at most ``retain_bytes``: the loss
+    scale changes only the backward, and the backwards at several scales are then those of one
+    training step, as a GradScaler's are (a model with dropout gets one mask for all of them;
+    a forward per backward drew a new one each time). Otherwise, or once a backward on the kept
+    graph failed, each call runs the whole pass. Use as a context manager: the model is
+    restored on exit.
 
     ``batch()`` gives the batch of each forward (a copy, if the model may write into it);
     ``precision()`` makes the context of forward and loss (autocast and its policy);
@@ -282,11 +284,13 @@ class PassRunner:
         if forward is not None and forward.reusable:
             try:
                 return forward.backward(scale, gradients, retain=True, events=events)
-            except Exception:
+            except (UserCodeError, StaleStatistics):
                 # A second backward the graph does not support (a custom autograd.Function
                 # that frees what its backward needs, an error the model raises only on a
-                # repeat): the pass runs whole instead, as it would have without the shared
-                # forward, and a real error shows there.
+                # repeat; autograd's own errors come wrapped too): this pass and the later
+                # ones run whole, as they would without the shared forward, and a real error
+                # shows there. Our own errors are not caught.
+                self._retain_bytes = -1
                 if gradients is not None:
                     gradients.reset()
         self.close()
@@ -426,15 +430,27 @@ class _TracedForward:
         )
 
     def close(self) -> None:
+        """Restore the model, and let go of everything the pass held (the graph, the batch, the
+        state snapshot) now rather than when the cyclic collector runs: the tracer and its
+        statistics queue, the module tracker and its callback refer to each other, and the
+        collector runs rarely during a scan, so the next pass (the FP32 reference) would run
+        beside a second copy of the buffers and of the batch."""
         self._loss = None
+        self._batch = None  # type: ignore[assignment]
         self._tracer.release()
+        self._modules.release()
         self._state.restore()
 
 
 def _all_finite(grads: tuple[torch.Tensor | None, ...]) -> bool:
     """Whether every gradient is finite: one max-magnitude per tensor (NaN and inf show in it),
     one read back."""
-    present = [g.detach() for g in grads if g is not None and g.is_floating_point()]
+    present = [
+        (g.coalesce().values() if g.is_sparse else g).detach()
+        for g in grads
+        if g is not None and g.is_floating_point() and g.numel() > 0
+    ]
+    present = [g for g in present if g.numel() > 0]  # a sparse gradient may store none
     if not present:
         return True
     with torch._C._DisableTorchDispatch():

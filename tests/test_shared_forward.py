@@ -2,8 +2,9 @@
 
 The low-precision forward does not depend on the loss scale, so when the scan needs backwards at
 several scales (GradScaler's back-off, the unscaled window, a cast boundary's scale) they run on
-one retained graph. The reports must be exactly those of a forward per backward, and the model
-must be restored exactly.
+one retained graph. For a model without randomness the reports must be exactly those of a
+forward per backward; a model with dropout now gets one mask for all of them, as one training
+step does. The model must be restored exactly.
 """
 
 from __future__ import annotations
@@ -170,3 +171,95 @@ def test_a_gradients_only_backward_says_whether_they_stayed_finite() -> None:
         overflowing = passes.run(2.0**40, too_far, events=False)
         assert overflowing.gradients_finite is False and too_far.overflowed
         assert passes.forwards == 1
+
+
+def test_a_finished_pass_lets_go_of_its_state_snapshot_and_batch() -> None:
+    """Freed by reference counting alone (the collector is off here, and runs rarely during a
+    scan): when the FP32 reference pass starts, the low-precision pass's copy of the buffers
+    and its copy of the batch are gone."""
+    import gc
+
+    class WithBuffer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 2)
+            self.register_buffer("table", torch.randn(64, 64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) + self.table[0, :2]
+
+    torch.manual_seed(0)
+    model = WithBuffer()
+    alive: list[tuple[int, int]] = []
+
+    def count(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        objects = gc.get_objects()
+        states = sum(type(o) is runner.ModelState for o in objects)
+        batches = sum(
+            type(o) is torch.Tensor and o.shape == (4, 16) and o is not batch for o in objects
+        )
+        alive.append((states, batches))
+
+    batch = torch.randn(4, 16)
+    model.register_forward_pre_hook(count)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        report = scan(model, batch, lambda out, b: out.float().sum() * 1e5)
+    finally:
+        if enabled:
+            gc.enable()
+    assert report.reference_loss is not None  # the FP32 pass ran: two forwards seen
+    # only the running pass's snapshot and its copy of the batch (args and raw: two tensors)
+    assert alive == [(1, 2), (1, 2)]
+
+
+def test_a_parameter_without_values_does_not_stop_the_gradients_check() -> None:
+    """A used zero-size parameter (a prefix of length 0, a rank-0 adapter) has an empty
+    gradient: the gradients-only backwards of the loss-scale window skip it."""
+
+    class EmptyPrefix(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 2)
+            self.prefix = torch.nn.Parameter(torch.zeros(0, 2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self.prefix, self.fc(x)], dim=0)
+
+    torch.manual_seed(0)
+    report = scan(EmptyPrefix(), torch.randn(2, 8), lambda out, b: out.float().sum() * 1e5)
+    assert [f.code for f in report.findings][:1] == ["NH401"]
+    assert runner._all_finite((torch.zeros(0), None, torch.ones(3)))
+    empty = (torch.zeros(1, 0, dtype=torch.long), torch.zeros(0))
+    sparse = torch.sparse_coo_tensor(*empty, (5,), check_invariants=True)
+    assert runner._all_finite((sparse,))
+    assert not runner._all_finite((torch.tensor([1.0, float("inf")]),))
+
+
+def test_a_model_with_dropout_backs_off_on_one_forward() -> None:
+    """GradScaler's back-off analyses one step at several scales: one dropout mask for all of
+    the backwards, and the same report for the same seed."""
+
+    class Dropped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.drop(self.fc(x))
+
+    def scan_once() -> tuple[object, int]:
+        torch.manual_seed(0)
+        model = Dropped()
+        calls = []
+        model.register_forward_pre_hook(lambda module, args: calls.append(1))
+        report = scan(model, torch.randn(16, 8), lambda out, b: out.float().sum() * 1e5)
+        return report, len(calls)
+
+    (first, forwards), (second, _) = scan_once(), scan_once()
+    _same(first, second)
+    scaling = first.target.loss_scaling  # type: ignore[attr-defined]
+    assert scaling is not None and scaling.used < scaling.initial  # backed off
+    assert forwards == 2  # the low-precision one for every scale, and the FP32 reference

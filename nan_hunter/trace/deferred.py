@@ -169,6 +169,11 @@ class StatsQueue:
     def pending(self) -> int:
         return len(self._pending)
 
+    def detach(self) -> None:
+        """Forget the flush callback (it refers back to the tracer) and the tensors held."""
+        self._on_flush = None
+        self._pending, self._held = [], 0
+
     @property
     def depth(self) -> int:
         return self._depth

@@ -58,6 +58,10 @@ class ModuleTracker:
         """Forget the stack (after an exception unwound the forward)."""
         self._stack.clear()
 
+    def release(self) -> None:
+        """Forget the output callback (it refers back to the pass that made this tracker)."""
+        self._on_output = None
+
     def __enter__(self) -> ModuleTracker:
         from torch.nn.modules import module as module_mod
 

@@ -384,8 +384,13 @@ class OpTracer(TorchFunctionMode):
         self._grad_stats = TensorMap()
 
     def release(self) -> None:
-        """Drop the autograd nodes held for backward hooks (the graph can go)."""
+        """Drop the autograd nodes held for backward hooks (the graph can go), the calls held
+        as origin candidates, and the references that make the tracer and its statistics queue
+        a cycle (so that what they hold goes when the pass does, not at the next collection)."""
         self._nodes.clear()
+        self._calls, self._calls_held = [], 0
+        self._before_write = None
+        self._queue.detach()
 
     def _grad_slot(self, g: torch.Tensor) -> int:
         """A gradient's slot: one node's produced gradient is often the next one's incoming."""
