@@ -14,6 +14,7 @@ from nan_hunter.batch import LossFn
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
 from nan_hunter.findings import Report
+from nan_hunter.fixes.dataflow import model_probe
 from nan_hunter.fixes.in_memory import patched_model_scan
 from nan_hunter.fixes.verify import verify_fixes
 from nan_hunter.loader import (
@@ -98,7 +99,8 @@ def scan(
             return scan_target(copy_target, settings)
 
         rescan = patched_model_scan(model, loss_fn, source, scan_copy)
-        report = verify_fixes(report, rescan, source)
+        probe = model_probe(model, target.batch, loss_fn)
+        report = verify_fixes(report, rescan, source, probe)
     return report
 
 
@@ -134,6 +136,8 @@ def scan_file(
     settings = settings or load_settings()
     names = names or Names()
 
+    loaded: list[Target] = []
+
     def scan_once(spec: str, search: Path | None = None) -> tuple[Report, Path]:
         # the model's folder on sys.path for the whole scan: imports inside build_model() and
         # forward find its siblings (a dotted spec re-scanned in the overlay: its folder there)
@@ -141,11 +145,14 @@ def scan_file(
             target = load_target(
                 spec, names, weights=weights, batch_file=batch_file, search=search
             )
+            loaded.append(target)
             return apply_suppressions(scan_target(target, settings)), target.file
 
     report, entry = scan_once(spec)
     if settings.verify_fixes if verify is None else verify:
-        report = verify_fixes(report, _rescan_of(spec, entry, scan_once), entry)
+        first = loaded[0]
+        probe = model_probe(first.model, first.batch, first.loss_fn)
+        report = verify_fixes(report, _rescan_of(spec, entry, scan_once), entry, probe)
     return report
 
 

@@ -9,6 +9,11 @@ scan imported from the project are set aside for the re-scan and put back after 
 A fix is verified only when the re-scan has no error at the same op and module whose location
 maps, through the edits' line map, into an edited region, and no error the original scan did
 not have (compared through the same map, never by finding code). What remains is listed.
+
+Fixes that are independent are verified together, one re-scan per group, and one at a time
+only when their group's re-scan fails (``nan_hunter.fixes.batch`` says when combining is
+sound); that needs a ``Probe`` of the model's data flow, without one every fix is re-scanned
+on its own.
 """
 
 from __future__ import annotations
@@ -17,19 +22,25 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Finding, Fix, Report, SourceLocation
+from nan_hunter.fixes.batch import Candidate, Key, code_of, verify_groups
+from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.progress import announce
 from nan_hunter.project import is_installed, project_root, real_path
 
 Rescan = Callable[[Path], Report]
 """Scans an entry file with the options of the original scan (without verifying)."""
+
+Probe = Callable[[Mapping[Key, Sequence[CodeRange]]], Dataflow]
+"""Runs the model's forward and loss once under ``nan_hunter.fixes.dataflow.probe_dataflow``
+with the given pieces of code."""
 
 _OWN_PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -40,10 +51,25 @@ class Verdict:
     remaining: tuple[str, ...]
 
 
-def verify_fixes(report: Report, rescan: Rescan, entry: Path) -> Report:
+def verify_fixes(
+    report: Report, rescan: Rescan, entry: Path, probe: Probe | None = None
+) -> Report:
     """``report`` with ``verified`` and ``remaining`` set on every fix with edits (the fix of
-    each finding and its alternatives)."""
-    cache: dict[tuple[object, ...], Verdict] = {}
+    each finding and its alternatives). With ``probe``, the findings' own fixes are verified in
+    groups of independent fixes first (one re-scan per group); alternatives are tried, one at
+    a time, only for a finding whose own fix is not verified."""
+    cache: dict[Key, Verdict] = {}
+    candidates = _primaries(report)
+    if probe is not None and len(candidates) > 1:
+        flow = _dataflow(candidates, probe)
+        cache.update(
+            verify_groups(
+                candidates,
+                flow,
+                lambda c: verify_fix(c.fix, c.finding, report, rescan, entry),
+                lambda group: verify_together(group, report, rescan, entry),
+            )
+        )
     findings = []
     for finding in report.findings:
         fix = finding.fix
@@ -55,17 +81,62 @@ def verify_fixes(report: Report, rescan: Rescan, entry: Path) -> Report:
     return replace(report, findings=tuple(findings))
 
 
+def _key(fix: Fix, finding: Finding) -> Key:
+    return (frozenset(fix.edits), finding.op, finding.module)
+
+
+def _primaries(report: Report) -> list[Candidate]:
+    """Each unsuppressed finding's own fix with edits, once per key, in report order."""
+    out: dict[Key, Candidate] = {}
+    for finding in report.findings:
+        fix = finding.fix
+        if fix is not None and fix.edits and finding.suppression is None:
+            out.setdefault(_key(fix, finding), Candidate(_key(fix, finding), finding, fix))
+    return list(out.values())
+
+
+def _dataflow(candidates: Sequence[Candidate], probe: Probe) -> Dataflow | None:
+    """The probe's answer, or None (every fix verified on its own) when it cannot run."""
+    try:
+        return probe({c.key: code_of(c) for c in candidates})
+    except Exception:  # the user's model failed outside a scan: each fix on its own
+        return None
+
+
+def verify_together(
+    group: Sequence[Candidate], report: Report, rescan: Rescan, entry: Path
+) -> dict[Key, Verdict] | None:
+    """ONE re-scan of ``entry``'s project with every fix of ``group`` applied, each finding
+    judged against it; None when the re-scan cannot run (the group is then split)."""
+    try:
+        patched = patch_files(e for c in group for e in c.edits)
+        root = project_root(entry)
+        announce(f"verifying {len(group)} independent fixes: one re-scan of a patched copy")
+        with overlay(root, patched, entry) as (shadow_entry, back):
+            after = rescan(shadow_entry)
+        after = _mapped_back(after, back)
+    except (NanHunterError, OSError):
+        return None
+    verdicts = {}
+    for c in group:
+        verdict = judge(c.finding, report, after, patched)
+        others = ", ".join(o.finding.module for o in group if o is not c)
+        note = f"re-scanned together with the independent fixes for {others}"
+        verdicts[c.key] = Verdict(verdict.verified, (*verdict.remaining, note))
+    return verdicts
+
+
 def _verified(
     fix: Fix,
     finding: Finding,
     report: Report,
     rescan: Rescan,
     entry: Path,
-    cache: dict[tuple[object, ...], Verdict],
+    cache: dict[Key, Verdict],
 ) -> Fix:
     verdict = None
     if fix.edits:
-        key = (frozenset(fix.edits), finding.op, finding.module)
+        key = _key(fix, finding)
         if key not in cache:
             cache[key] = verify_fix(fix, finding, report, rescan, entry)
         verdict = cache[key]

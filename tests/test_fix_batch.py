@@ -1,0 +1,329 @@
+"""Independent fixes verified together (nan_hunter.fixes.batch): one re-scan per group, the same
+verdicts as one at a time, a split that isolates a bad fix, dependent fixes never combined."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import nan_hunter.api as api
+from nan_hunter.findings import Applicability, Edit, Finding, Fix, Kind, Phase, Report, Severity
+from nan_hunter.fixes import verify as verify_module
+from nan_hunter.fixes.batch import Candidate, groups, independent
+from nan_hunter.fixes.dataflow import CodeRange, Dataflow, probe_dataflow
+from nan_hunter.fixes.source import read_source
+from nan_hunter.location import SourceLocation
+from tests.conftest import FIXTURES, marker_line
+
+BATCH = FIXTURES / "batch"
+GUARDED = BATCH / "four_heads_guarded.py"
+COUPLED = BATCH / "four_heads.py"
+
+
+def _origins(path: Path) -> list[tuple[str, str, str, int]]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_origins_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [(c, op, m, marker_line(path, mark)) for c, op, m, mark in module.EXPECTED_ORIGINS]
+
+
+Tamper = Callable[[Report], Report]
+
+
+def _verified_scan(
+    path: Path, monkeypatch: pytest.MonkeyPatch, *, batched: bool, tamper: Tamper | None = None
+) -> tuple[Report, list[Path]]:
+    """``scan_file(path)`` with verification, the re-scans it ran counted (calls of the rescan
+    callable); ``batched=False``: one at a time (no data-flow probe)."""
+    calls: list[Path] = []
+    real = verify_module.verify_fixes
+
+    def counting(report: Report, rescan: Any, entry: Path, probe: Any = None) -> Report:
+        def counted(shadow_entry: Path) -> Report:
+            calls.append(shadow_entry)
+            return rescan(shadow_entry)
+
+        if tamper is not None:
+            report = tamper(report)
+        return real(report, counted, entry, probe if batched else None)
+
+    monkeypatch.setattr(api, "verify_fixes", counting)
+    return api.scan_file(str(path)), calls
+
+
+def _verdicts(report: Report) -> dict[str, tuple[bool | None, tuple[str, ...]]]:
+    """Per module: verified, and what the re-scan held against the fix. Errors that were there
+    before are left out: a fix verified alone still lists the other findings' errors, one
+    verified with them does not (they are fixed in its re-scan)."""
+    out = {}
+    for f in report.findings:
+        assert f.fix is not None
+        remaining = tuple(
+            r for r in f.fix.remaining
+            if not r.startswith("re-scanned together") and not r.endswith("(was there before)")
+        )
+        out[f.module] = (f.fix.verified, remaining)
+    return out
+
+
+def test_the_fixtures_have_four_origins_in_different_modules() -> None:
+    for path in (GUARDED, COUPLED):
+        report = api.scan_file(str(path), verify=False)
+        errors = [(f.code, f.op, f.module, f.location.line if f.location else 0)
+                  for f in report.findings if f.is_error]
+        assert errors == _origins(path)
+        assert all(f.fix is not None and f.fix.edits for f in report.findings)
+
+
+def test_four_independent_fixes_one_rescan_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(a) and (b): the guarded model's four fixes verify together in one re-scan, with the
+    verdicts (and what remains) of one-at-a-time verification, which takes four."""
+    batched, batched_calls = _verified_scan(GUARDED, monkeypatch, batched=True)
+    alone, alone_calls = _verified_scan(GUARDED, monkeypatch, batched=False)
+    assert len(batched_calls) == 1
+    assert len(alone_calls) == 4
+    assert _verdicts(batched) == _verdicts(alone)
+    assert all(verified for verified, _ in _verdicts(batched).values())
+    for f in batched.findings:  # each fix says what it was re-scanned with
+        assert f.fix is not None
+        others = sorted(g.module for g in batched.findings if g is not f)
+        assert f.fix.remaining[-1] == (
+            f"re-scanned together with the independent fixes for {', '.join(others)}"
+        )
+
+
+def _bad_edit(report: Report, module: str, kind: str) -> Report:
+    """The report with ``module``'s fix replaced by a bad one: ``noop`` rewrites the culprit
+    line as it is (the op still fails), ``loss`` multiplies the op's result by 1e4 in FP32
+    (no error left, but the model computes something else)."""
+    findings = []
+    for f in report.findings:
+        if f.module == module:
+            assert f.fix is not None and f.location is not None
+            text = read_source(Path(f.location.file)).text
+            lines = text.splitlines(keepends=True)
+            start = sum(len(x) for x in lines[: f.location.line - 1])
+            old = lines[f.location.line - 1]
+            new = old
+            if kind == "loss":
+                indent = old[: len(old) - len(old.lstrip())]
+                new = f"{indent}y = (h.float() + h.float()) * 1e4\n"
+            edit = Edit(f.location.file, start, start + len(old), new)
+            f = replace(f, fix=replace(f.fix, edits=(edit,), alternatives=()))
+        findings.append(f)
+    return replace(report, findings=tuple(findings))
+
+
+@pytest.mark.parametrize("kind", ["noop", "loss"])
+def test_a_bad_fix_is_split_out(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(c): one bad fix of four fails the group's re-scan; the halves are verified apart, and
+    exactly the bad fix is not verified, with the reason one-at-a-time gives."""
+    bad = "heads.2.body"  # Doubler: ``y = h + h``
+
+    def tamper(report: Report) -> Report:
+        return _bad_edit(report, bad, kind)
+
+    batched, calls = _verified_scan(GUARDED, monkeypatch, batched=True, tamper=tamper)
+    alone, _ = _verified_scan(GUARDED, monkeypatch, batched=False, tamper=tamper)
+    verdicts = _verdicts(batched)
+    assert {m for m, (ok, _) in verdicts.items() if not ok} == {bad}
+    assert verdicts == _verdicts(alone)
+    # all four, then {0, 1} (verified), {2, 3} (fails), then 2 and 3 one at a time
+    assert len(calls) == 5
+    reason = verdicts[bad][1]
+    if kind == "noop":
+        assert any("the fixed op still fails" in r for r in reason), reason
+    else:
+        assert any(r.startswith("the loss changed") for r in reason), reason
+
+
+def test_coupled_errors_verify_only_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where one at a time cannot verify anything: each head's error reaches the loss, so a
+    re-scan with one fix still has a non-finite loss from the other three. The group's one
+    re-scan has all four fixed, each op gone, no new error and the FP32 loss: all verified.
+    Everything else one-at-a-time found agrees (no error left at the fixed ops, nothing new)."""
+    batched, calls = _verified_scan(COUPLED, monkeypatch, batched=True)
+    alone, alone_calls = _verified_scan(COUPLED, monkeypatch, batched=False)
+    assert (len(calls), len(alone_calls)) == (1, 4)
+    assert all(ok for ok, _ in _verdicts(batched).values())
+    for ok, remaining in _verdicts(alone).values():
+        assert (ok, remaining) == (False, ("the loss is not finite after the fix",))
+
+
+# --- which fixes are combined ------------------------------------------------------------------
+
+SOURCE = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class A(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = 2.0  # <- init
+
+        def forward(self, x):
+            y = x * self.scale  # <- a
+            return y + 1
+
+
+    class B(nn.Module):
+        def forward(self, x):
+            z = x.exp()  # <- b
+            return z
+
+
+    class Side(nn.Module):
+        def forward(self, x):
+            s = x.sin()  # <- side
+            return s
+
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.side = A(), B(), Side()
+
+        def forward(self, x):
+            h = torch.empty_like(x)
+            h.copy_(self.a(x))  # an in-place write carries A's label into h
+            view = h[:, :2]
+            return self.b(view).sum() + self.side(x).sum()
+    """
+)
+
+
+def _module(tmp_path: Path) -> tuple[Any, Path]:
+    import importlib.util
+
+    path = tmp_path / "chain.py"
+    path.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("_chain_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path
+
+
+def _line_range(path: Path, marker: str, edited: bool = True) -> CodeRange:
+    line = marker_line(path, marker)
+    return CodeRange(str(path.resolve()), line, line, edited)
+
+
+def test_probe_sees_data_flow_through_in_place_writes_and_views(tmp_path: Path) -> None:
+    module, path = _module(tmp_path)
+    model = module.Chain()
+    pieces = {
+        "a": [_line_range(path, "# <- a")],
+        "b": [_line_range(path, "# <- b")],
+        "side": [_line_range(path, "# <- side")],
+        "init": [_line_range(path, "# <- init")],
+    }
+    with torch.no_grad():
+        flow = probe_dataflow(lambda: model(torch.randn(3, 4)), pieces)
+    assert flow.depends["b"] == {"a"}  # b's op reads what a's line computed
+    assert flow.depends["a"] == frozenset() and flow.depends["side"] == frozenset()
+    assert not flow.independent("a", "b")
+    assert flow.independent("a", "side") and flow.independent("b", "side")
+    assert flow.unconfined == {"init"}  # no op of the forward ran on the edited __init__ line
+    assert not flow.independent("init", "side")
+
+
+def test_probe_on_the_four_heads_finds_them_independent() -> None:
+    """Each head runs after the one before it, but none reads another's values."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_four_heads_probe", COUPLED)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, batch = module.build_model(), module.sample_batch()
+    pieces = {m: [CodeRange(str(COUPLED), line, line)] for _, _, m, line in _origins(COUPLED)}
+    with torch.no_grad():
+        flow = probe_dataflow(lambda: model(batch), pieces)
+    assert flow.unconfined == frozenset()
+    assert all(deps == frozenset() for deps in flow.depends.values())
+
+
+def _candidate(
+    path: Path, module: str, line: int, *, phase: Phase = Phase.FORWARD, span: int = 1
+) -> Candidate:
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    start = sum(len(x) for x in lines[: line - 1])
+    end = start + sum(len(x) for x in lines[line - 1 : line - 1 + span])
+    edit = Edit(str(path), start, end, "".join(lines[line - 1 : line - 1 + span]) + "# fixed\n")
+    finding = Finding(
+        code="NH109", severity=Severity.ERROR, kind=Kind.OVERFLOW, phase=phase, op="op",
+        module=module, location=SourceLocation(str(path), line, ""), origin=True, message="",
+    )
+    fix = Fix(title="t", applicability=Applicability.SAFE, edits=(edit,))
+    return Candidate((module, line), finding, fix)
+
+
+def test_dependent_fixes_are_not_combined(tmp_path: Path) -> None:
+    """(d): each of the conditions in nan_hunter.fixes.batch keeps two fixes apart."""
+    path = tmp_path / "lines.py"
+    path.write_text("".join(f"x{i} = {i}\n" for i in range(1, 41)))
+    free = Dataflow({}, frozenset())
+
+    def together(a: Candidate, b: Candidate, flow: Dataflow = free) -> bool:
+        grouped = groups([a, b], flow)
+        assert independent(a, b, flow) is (len(grouped) == 1)
+        return len(grouped) == 1
+
+    base = _candidate(path, "heads.0", 5)
+    assert together(base, _candidate(path, "heads.1", 20))  # the control: combined
+    assert not together(base, _candidate(path, "heads.0", 20))  # same module
+    assert not together(base, _candidate(path, "heads.0.body", 20))  # one inside the other
+    assert not together(_candidate(path, "", 5), _candidate(path, "heads.1", 20))  # the root
+    assert not together(base, _candidate(path, "heads.1", 20, phase=Phase.BACKWARD))
+    assert not together(base, _candidate(path, "heads.1", 5))  # the same lines
+    assert not together(base, _candidate(path, "heads.1", 6))  # adjacent lines
+    assert not together(base, _candidate(path, "heads.1", 3, span=3))  # overlapping lines
+    other = _candidate(path, "heads.1", 20)
+    upstream = Dataflow({other.key: frozenset({base.key})}, frozenset())
+    assert not together(base, other, upstream)  # one's values reach the other's op
+    assert not together(base, other, Dataflow({}, frozenset({base.key})))  # unconfined
+    assert groups([base, other], None) == [[base], [other]]  # no probe: one at a time
+
+
+def test_in_memory_scan_verifies_the_group_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nan_hunter.scan(model, batch)`` probes a copy of the model: one re-scan, all verified,
+    and the model's parameters untouched."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_four_heads_in_memory", COUPLED)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # inspect finds the class's file
+    spec.loader.exec_module(module)
+    model, batch = module.build_model(), module.sample_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls: list[object] = []
+    real = verify_module.verify_fixes
+
+    def counting(report: Report, rescan: Any, entry: Path, probe: Any = None) -> Report:
+        def counted(shadow_entry: Path) -> Report:
+            calls.append(shadow_entry)
+            return rescan(shadow_entry)
+
+        return real(report, counted, entry, probe)
+
+    monkeypatch.setattr(api, "verify_fixes", counting)
+    report = api.scan(model, batch)
+    assert len(calls) == 1
+    assert [f.fix.verified for f in report.findings if f.fix is not None] == [True] * 4
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
