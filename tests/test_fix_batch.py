@@ -327,3 +327,19 @@ def test_in_memory_scan_verifies_the_group_too(monkeypatch: pytest.MonkeyPatch) 
     assert [f.fix.verified for f in report.findings if f.fix is not None] == [True] * 4
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_fix_all_fixes_the_four_coupled_origins_in_one_round(tmp_path: Path) -> None:
+    """One at a time, none of the four fixes verified, so ``--fix-all`` had nothing to apply;
+    verified together, round 1 writes all four and the model scans clean."""
+    from typer.testing import CliRunner
+
+    from nan_hunter.cli import app
+
+    path = tmp_path / COUPLED.name
+    path.write_bytes(COUPLED.read_bytes())
+    result = CliRunner().invoke(app, ["scan", str(path), "--fix-all", "--no-backup"])
+    assert result.exit_code == 0, (result.stderr, result.stdout)
+    assert "round 1: fixed NH102, NH103, NH109, NH102 in" in result.stderr, result.stderr
+    assert "round 2" not in result.stderr
+    assert api.scan_file(str(path), verify=False).errors == 0
