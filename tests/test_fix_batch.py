@@ -16,7 +16,7 @@ import torch
 import nan_hunter.api as api
 from nan_hunter.findings import Applicability, Edit, Finding, Fix, Kind, Phase, Report, Severity
 from nan_hunter.fixes import verify as verify_module
-from nan_hunter.fixes.batch import Candidate, groups, independent
+from nan_hunter.fixes.batch import Candidate, groups, independent, worth_probing
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow, probe_dataflow
 from nan_hunter.fixes.source import read_source
 from nan_hunter.location import SourceLocation
@@ -297,6 +297,9 @@ def test_dependent_fixes_are_not_combined(tmp_path: Path) -> None:
     assert not together(base, other, upstream)  # one's values reach the other's op
     assert not together(base, other, Dataflow({}, frozenset({base.key})))  # unconfined
     assert groups([base, other], None) == [[base], [other]]  # no probe: one at a time
+    # the probe only runs when the report alone allows some pair
+    assert worth_probing([base, other])
+    assert not worth_probing([base, _candidate(path, "heads.0", 20), _candidate(path, "", 30)])
 
 
 def test_in_memory_scan_verifies_the_group_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -343,3 +346,83 @@ def test_fix_all_fixes_the_four_coupled_origins_in_one_round(tmp_path: Path) -> 
     assert "round 1: fixed NH102, NH103, NH109, NH102 in" in result.stderr, result.stderr
     assert "round 2" not in result.stderr
     assert api.scan_file(str(path), verify=False).errors == 0
+
+
+# --- the split -----------------------------------------------------------------------------------
+
+
+class _Fake:
+    """Verdicts by rule: a candidate is verified unless it is in ``bad``; a re-scan together
+    verifies all only when none is bad; ``crash``: every re-scan of more than one fix fails."""
+
+    def __init__(self, bad: set[str], crash: bool = False) -> None:
+        self.bad, self.crash = bad, crash
+        self.rescans: list[tuple[str, ...]] = []
+
+    def one(self, c: Candidate) -> verify_module.Verdict:
+        self.rescans.append((c.finding.module,))
+        return verify_module.Verdict(c.finding.module not in self.bad, ())
+
+    def together(self, group: Any) -> dict[Any, verify_module.Verdict] | None:
+        self.rescans.append(tuple(c.finding.module for c in group))
+        if self.crash:
+            return None
+        ok = not any(c.finding.module in self.bad for c in group)
+        return {c.key: verify_module.Verdict(ok, ()) for c in group}
+
+
+def _eight(tmp_path: Path) -> list[Candidate]:
+    path = tmp_path / "lines.py"
+    path.write_text("".join(f"x{i} = {i}\n" for i in range(1, 41)))
+    return [_candidate(path, f"heads.{i}", 1 + 4 * i) for i in range(8)]
+
+
+@pytest.mark.parametrize(
+    ("bad", "crash", "rescans"),
+    [
+        (set(), False, 1),  # one re-scan for all eight
+        ({"heads.5"}, False, 1 + 2 + 2 + 2),  # the bad one found by halving
+        ({"heads.0", "heads.7"}, False, 1 + 2 + 4 + 4),
+        ({f"heads.{i}" for i in range(8)}, False, 15),  # all bad: 2n - 1
+        (set(), True, 8 + 4 + 2 + 1),  # no combined re-scan runs: down to one at a time
+    ],
+)
+def test_split_in_halves_ends_in_one_at_a_time_verdicts(
+    tmp_path: Path, bad: set[str], crash: bool, rescans: int
+) -> None:
+    from nan_hunter.fixes.batch import verify_groups
+
+    candidates = _eight(tmp_path)
+    fake = _Fake(bad, crash)
+    verdicts = verify_groups(candidates, Dataflow({}, frozenset()), fake.one, fake.together)
+    assert len(fake.rescans) == rescans
+    assert {c.finding.module: verdicts[c.key].verified for c in candidates} == {
+        c.finding.module: c.finding.module not in bad for c in candidates
+    }
+    singles = {r[0] for r in fake.rescans if len(r) == 1}
+    assert bad <= singles  # every bad fix got its one-at-a-time verdict
+
+
+def test_without_a_probe_every_fix_is_rescanned_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe that fails (the model raises outside a scan) falls back to one at a time."""
+
+    def failing(report: Report, rescan: Any, entry: Path, probe: Any = None) -> Report:
+        def broken(pieces: Any) -> Dataflow:
+            raise RuntimeError("the model's forward failed")
+
+        return real(report, counted(rescan), entry, broken)
+
+    calls: list[Path] = []
+    real = verify_module.verify_fixes
+
+    def counted(rescan: Any) -> Any:
+        def run(shadow_entry: Path) -> Report:
+            calls.append(shadow_entry)
+            return rescan(shadow_entry)
+
+        return run
+
+    monkeypatch.setattr(api, "verify_fixes", failing)
+    report = api.scan_file(str(GUARDED))
+    assert len(calls) == 4
+    assert all(f.fix is not None and f.fix.verified for f in report.findings)

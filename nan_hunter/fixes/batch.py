@@ -94,6 +94,11 @@ def _contains(outer: str, inner: str) -> bool:
 
 def independent(a: Candidate, b: Candidate, flow: Dataflow) -> bool:
     """The four conditions of the module docstring."""
+    return may_combine(a, b) and flow.independent(a.key, b.key)
+
+
+def may_combine(a: Candidate, b: Candidate) -> bool:
+    """Conditions 1-3 (all but the data flow): what the report alone says."""
     fa, fb = a.finding, b.finding
     if fa.phase is not Phase.FORWARD or fb.phase is not Phase.FORWARD:
         return False
@@ -111,7 +116,12 @@ def independent(a: Candidate, b: Candidate, flow: Dataflow) -> bool:
             combine(edits)
     except EditConflict:
         return False
-    return flow.independent(a.key, b.key)
+    return True
+
+
+def worth_probing(candidates: Sequence[Candidate]) -> bool:
+    """Some two candidates pass conditions 1-3: only then is the data-flow probe run."""
+    return any(may_combine(a, b) for a, b in itertools.combinations(candidates, 2))
 
 
 def _by_file(edits: Sequence[Edit]) -> dict[str, list[Edit]]:

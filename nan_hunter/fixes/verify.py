@@ -29,7 +29,7 @@ from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Finding, Fix, Report, SourceLocation
-from nan_hunter.fixes.batch import Candidate, Key, code_of, verify_groups
+from nan_hunter.fixes.batch import Candidate, Key, code_of, verify_groups, worth_probing
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.progress import announce
@@ -60,7 +60,7 @@ def verify_fixes(
     a time, only for a finding whose own fix is not verified."""
     cache: dict[Key, Verdict] = {}
     candidates = _primaries(report)
-    if probe is not None and len(candidates) > 1:
+    if probe is not None and worth_probing(candidates):
         flow = _dataflow(candidates, probe)
         cache.update(
             verify_groups(
