@@ -12,7 +12,7 @@ Two fixes are independent (``independent``) when all of these hold:
 
 1. both findings are forward findings (a backward finding depends on everything after it);
 2. their modules differ and neither contains the other (``a`` is not ``b`` or ``b.*``, and no
-   finding is on the root module ``""``);
+   finding is on the root module ``""``; a finding covering several modules: all of them);
 3. their edits are in disjoint line ranges with at least one unedited line between them (each
    re-scan line maps through the combined line map to one fix's region, or to unedited code),
    and applying all edits together raises no ``EditConflict``;
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Edit, Finding, Fix, Phase
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import EditConflict, combine, patch_files
@@ -102,11 +103,16 @@ def may_combine(a: Candidate, b: Candidate) -> bool:
     fa, fb = a.finding, b.finding
     if fa.phase is not Phase.FORWARD or fb.phase is not Phase.FORWARD:
         return False
-    if not fa.module or not fb.module:
+    modules_a, modules_b = fa.modules or (fa.module,), fb.modules or (fb.module,)
+    if not all(modules_a) or not all(modules_b):  # "": the root module holds everything
         return False
-    if _contains(fa.module, fb.module) or _contains(fb.module, fa.module):
+    for x, y in itertools.product(modules_a, modules_b):
+        if _contains(x, y) or _contains(y, x):
+            return False
+    try:
+        lines_a, lines_b = _edited_lines(a.edits), _edited_lines(b.edits)
+    except (NanHunterError, OSError):  # a file gone or changed: verified one at a time
         return False
-    lines_a, lines_b = _edited_lines(a.edits), _edited_lines(b.edits)
     for file in lines_a.keys() & lines_b.keys():
         for (a1, a2), (b1, b2) in itertools.product(lines_a[file], lines_b[file]):
             if a1 <= b2 + 1 and b1 <= a2 + 1:  # overlapping or adjacent
