@@ -145,13 +145,15 @@ def scan_file(
             target = load_target(
                 spec, names, weights=weights, batch_file=batch_file, search=search
             )
-            loaded.append(target)
+            if not loaded:  # the first scan's model, for the data-flow probe
+                loaded.append(target)
             return apply_suppressions(scan_target(target, settings)), target.file
 
     report, entry = scan_once(spec)
     if settings.verify_fixes if verify is None else verify:
-        first = loaded[0]
+        first = loaded.pop()
         probe = model_probe(first.model, first.batch, first.loss_fn)
+        del first  # the probe lets go of the model once it has run (before the re-scans)
         report = verify_fixes(report, _rescan_of(spec, entry, scan_once), entry, probe)
     return report
 

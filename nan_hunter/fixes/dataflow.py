@@ -151,19 +151,25 @@ def _pointer(t: torch.Tensor) -> int:
 def model_probe(
     model: torch.nn.Module, batch: Batch, loss_fn: LossFn | None
 ) -> Callable[[Mapping[Hashable, Sequence[CodeRange]]], Dataflow]:
-    """A probe of ``model``'s forward and loss on ``batch``: each call runs them once, FP32,
-    without gradients, on a deep copy of the model (the model and the random state are left
-    as they were)."""
+    """A probe of ``model``'s forward and loss on ``batch``, to be run once: FP32, without
+    gradients, on a deep copy of the model (the model and the random state are left as they
+    were). It lets go of the model when it runs, so the re-scans after it do not hold it."""
     from nan_hunter.runner import default_loss
 
+    held = [(model, batch, loss_fn)]
+
     def probe(pieces: Mapping[Hashable, Sequence[CodeRange]]) -> Dataflow:
-        copy = deepcopy(model)
+        if not held:
+            raise RuntimeError("the data-flow probe of a model runs once")
+        original, inputs, loss = held.pop()
+        copy = deepcopy(original)
+        del original
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
 
         def run() -> None:
-            output = copy(*batch.args, **batch.kwargs)
-            if loss_fn is not None:
-                loss_fn(output, batch.raw)
+            output = copy(*inputs.args, **inputs.kwargs)
+            if loss is not None:
+                loss(output, inputs.raw)
             else:
                 default_loss(output)
 
