@@ -20,7 +20,7 @@ from nan_hunter.fixes.batch import Candidate, groups, independent, worth_probing
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow, probe_dataflow
 from nan_hunter.fixes.source import read_source
 from nan_hunter.location import SourceLocation
-from tests.conftest import FIXTURES, marker_line
+from tests.conftest import FIXTURES, GOLDEN, marker_line, scanned
 
 BATCH = FIXTURES / "batch"
 GUARDED = BATCH / "four_heads_guarded.py"
@@ -426,3 +426,16 @@ def test_without_a_probe_every_fix_is_rescanned_alone(monkeypatch: pytest.Monkey
     report = api.scan_file(str(GUARDED))
     assert len(calls) == 4
     assert all(f.fix is not None and f.fix.verified for f in report.findings)
+
+
+def test_golden_report_of_the_four_heads(update_golden: bool) -> None:
+    """The text report: each fix verified, and re-scanned together with the other three."""
+    from nan_hunter.report import render
+
+    rendered = render(replace(scanned(COUPLED), seconds=0.0), "text")
+    golden = GOLDEN / "batch_four_heads.txt"
+    if update_golden or not golden.exists():
+        golden.write_text(rendered, encoding="utf-8")
+        if not update_golden:
+            pytest.fail(f"{golden.name} did not exist; written now, check it in")
+    assert rendered == golden.read_text(encoding="utf-8")
