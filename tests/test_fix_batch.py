@@ -292,6 +292,9 @@ def test_dependent_fixes_are_not_combined(tmp_path: Path) -> None:
     assert not together(base, _candidate(path, "heads.1", 5))  # the same lines
     assert not together(base, _candidate(path, "heads.1", 6))  # adjacent lines
     assert not together(base, _candidate(path, "heads.1", 3, span=3))  # overlapping lines
+    unsafe = _candidate(path, "heads.1", 20)
+    unsafe = replace(unsafe, fix=replace(unsafe.fix, applicability=Applicability.UNSAFE))
+    assert not together(base, unsafe)  # --fix would apply one without the other
     other = _candidate(path, "heads.1", 20)
     upstream = Dataflow({other.key: frozenset({base.key})}, frozenset())
     assert not together(base, other, upstream)  # one's values reach the other's op

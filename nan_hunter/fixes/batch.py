@@ -18,7 +18,9 @@ Two fixes are independent (``independent``) when all of these hold:
    and applying all edits together raises no ``EditConflict``;
 4. the forward data-flow probe (``nan_hunter.fixes.dataflow``) saw no value computed in one
    fix's code (its edited lines and its finding's op line) reach an op in the other's, and
-   each fix's edited lines ran in the probe (an edit outside the forward is never combined).
+   each fix's edited lines ran in the probe (an edit outside the forward is never combined);
+5. both fixes have the same applicability, so that ``--fix`` (which takes safe fixes, and
+   unsafe ones only with ``--unsafe-fixes``) applies a verified group together or not at all.
 
 When combining is sound: for fixes that are independent in this sense, the edits of the
 others change neither the inputs nor the code of a fix's op, so in the combined re-scan that
@@ -32,9 +34,13 @@ has a non-finite loss and is never verified, while the group's re-scan, with all
 fixed, has the FP32 loss. So a passing group's verdicts equal one-at-a-time verdicts whenever
 the other findings' errors do not reach the loss (or any op both fixes' values reach); when
 they do, the group verifies fixes that one at a time could not (``verified`` then means: with
-the other fixes of its group, which ``--fix`` applies together). Not seen by the probe:
-values passed through Python numbers (``.item()``) and the backward pass; an error those
-carry shows up in the combined re-scan as new and splits the group.
+the other fixes of its group, which ``--fix`` applies together).
+
+Not seen by the probe, so outside this guarantee: values that pass through Python numbers
+(``.item()``, ``.tolist()``, control flow on a tensor) from one fix's code to another's op, and
+the backward pass (a gradient that reaches one fix's region through another's). A new error
+these cause in the combined re-scan still splits the group; an error of one fix that another
+fix's values hide there does not.
 """
 
 from __future__ import annotations
@@ -94,13 +100,15 @@ def _contains(outer: str, inner: str) -> bool:
 
 
 def independent(a: Candidate, b: Candidate, flow: Dataflow) -> bool:
-    """The four conditions of the module docstring."""
+    """The five conditions of the module docstring."""
     return may_combine(a, b) and flow.independent(a.key, b.key)
 
 
 def may_combine(a: Candidate, b: Candidate) -> bool:
-    """Conditions 1-3 (all but the data flow): what the report alone says."""
+    """Conditions 1-3 and 5 (all but the data flow): what the report alone says."""
     fa, fb = a.finding, b.finding
+    if a.fix.applicability is not b.fix.applicability:
+        return False
     if fa.phase is not Phase.FORWARD or fb.phase is not Phase.FORWARD:
         return False
     modules_a, modules_b = fa.modules or (fa.module,), fb.modules or (fb.module,)
@@ -126,7 +134,7 @@ def may_combine(a: Candidate, b: Candidate) -> bool:
 
 
 def worth_probing(candidates: Sequence[Candidate]) -> bool:
-    """Some two candidates pass conditions 1-3: only then is the data-flow probe run."""
+    """Some two candidates pass conditions 1-3 and 5: only then is the data-flow probe run."""
     return any(may_combine(a, b) for a, b in itertools.combinations(candidates, 2))
 
 
