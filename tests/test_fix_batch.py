@@ -124,10 +124,15 @@ def _bad_edit(report: Report, module: str, kind: str) -> Report:
     return replace(report, findings=tuple(findings))
 
 
-@pytest.mark.parametrize("kind", ["noop", "loss"])
-def test_a_bad_fix_is_split_out(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """(c): one bad fix of four fails the group's re-scan; the halves are verified apart, and
-    exactly the bad fix is not verified, with the reason one-at-a-time gives."""
+@pytest.mark.parametrize(("kind", "rescans"), [("noop", 3), ("loss", 5)])
+def test_a_bad_fix_is_split_out(kind: str, rescans: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(c): one bad fix of four fails the group's re-scan; exactly the bad fix is not verified,
+    with the verdict and reason one-at-a-time gives.
+
+    ``noop``: its own op still fails, a failure that is its own (no other fix's values reach
+    that op): it is re-scanned alone and the other three together again (3 re-scans).
+    ``loss``: the loss changed, which no one fix can be blamed for: the group is halved,
+    {0, 1} verified, {2, 3} fails again, then 2 and 3 one at a time (5 re-scans)."""
     bad = "heads.2.body"  # Doubler: ``y = h + h``
 
     def tamper(report: Report) -> Report:
@@ -138,8 +143,10 @@ def test_a_bad_fix_is_split_out(kind: str, monkeypatch: pytest.MonkeyPatch) -> N
     verdicts = _verdicts(batched)
     assert {m for m, (ok, _) in verdicts.items() if not ok} == {bad}
     assert verdicts == _verdicts(alone)
-    # all four, then {0, 1} (verified), {2, 3} (fails), then 2 and 3 one at a time
-    assert len(calls) == 5
+    assert len(calls) == rescans
+    bad_fix = next(f.fix for f in batched.findings if f.module == bad)
+    assert bad_fix is not None
+    assert not any(r.startswith("re-scanned together") for r in bad_fix.remaining)  # alone
     reason = verdicts[bad][1]
     if kind == "noop":
         assert any("the fixed op still fails" in r for r in reason), reason
@@ -355,23 +362,32 @@ def test_fix_all_fixes_the_four_coupled_origins_in_one_round(tmp_path: Path) -> 
 
 
 class _Fake:
-    """Verdicts by rule: a candidate is verified unless it is in ``bad``; a re-scan together
-    verifies all only when none is bad; ``crash``: every re-scan of more than one fix fails."""
+    """Verdicts by rule: a candidate is verified unless it is in ``bad``. A re-scan together:
+    ``kind="op"``, a bad member's own op still fails and the others are verified; ``"loss"``,
+    the loss changed and no member is verified; ``"crash"``, it does not run."""
 
-    def __init__(self, bad: set[str], crash: bool = False) -> None:
-        self.bad, self.crash = bad, crash
+    def __init__(self, bad: set[str], kind: str) -> None:
+        self.bad, self.kind = bad, kind
         self.rescans: list[tuple[str, ...]] = []
 
     def one(self, c: Candidate) -> verify_module.Verdict:
         self.rescans.append((c.finding.module,))
-        return verify_module.Verdict(c.finding.module not in self.bad, ())
+        bad = c.finding.module in self.bad
+        return verify_module.Verdict(not bad, (), op_still_fails=bad and self.kind == "op")
 
     def together(self, group: Any) -> dict[Any, verify_module.Verdict] | None:
         self.rescans.append(tuple(c.finding.module for c in group))
-        if self.crash:
+        if self.kind == "crash":
             return None
-        ok = not any(c.finding.module in self.bad for c in group)
-        return {c.key: verify_module.Verdict(ok, ()) for c in group}
+        any_bad = any(c.finding.module in self.bad for c in group)
+        out = {}
+        for c in group:
+            bad = c.finding.module in self.bad
+            if self.kind == "op":
+                out[c.key] = verify_module.Verdict(not bad, (), op_still_fails=bad)
+            else:
+                out[c.key] = verify_module.Verdict(not any_bad, ())
+        return out
 
 
 def _eight(tmp_path: Path) -> list[Candidate]:
@@ -380,23 +396,29 @@ def _eight(tmp_path: Path) -> list[Candidate]:
     return [_candidate(path, f"heads.{i}", 1 + 4 * i) for i in range(8)]
 
 
+ALL_EIGHT = {f"heads.{i}" for i in range(8)}
+
+
 @pytest.mark.parametrize(
-    ("bad", "crash", "rescans"),
+    ("bad", "kind", "rescans"),
     [
-        (set(), False, 1),  # one re-scan for all eight
-        ({"heads.5"}, False, 1 + 2 + 2 + 2),  # the bad one found by halving
-        ({"heads.0", "heads.7"}, False, 1 + 2 + 4 + 4),
-        ({f"heads.{i}" for i in range(8)}, False, 15),  # all bad: 2n - 1
-        (set(), True, 8 + 4 + 2 + 1),  # no combined re-scan runs: down to one at a time
+        (set(), "op", 1),  # one re-scan for all eight
+        ({"heads.5"}, "op", 1 + 1 + 1),  # all; heads.5 alone; the other seven together
+        ({"heads.0", "heads.7"}, "op", 1 + 2 + 1),
+        (ALL_EIGHT, "op", 1 + 8),  # every failure its own: each alone after the group
+        ({"heads.5"}, "loss", 1 + 2 + 2 + 2),  # no one to blame: halves, quarters, singles
+        ({"heads.0", "heads.7"}, "loss", 1 + 2 + 4 + 4),
+        (ALL_EIGHT, "loss", 15),  # 2n - 1
+        (set(), "crash", 15),  # no combined re-scan runs: down to one at a time
     ],
 )
-def test_split_in_halves_ends_in_one_at_a_time_verdicts(
-    tmp_path: Path, bad: set[str], crash: bool, rescans: int
+def test_split_ends_in_one_at_a_time_verdicts(
+    tmp_path: Path, bad: set[str], kind: str, rescans: int
 ) -> None:
     from nan_hunter.fixes.batch import verify_groups
 
     candidates = _eight(tmp_path)
-    fake = _Fake(bad, crash)
+    fake = _Fake(bad, kind)
     verdicts = verify_groups(candidates, Dataflow({}, frozenset()), fake.one, fake.together)
     assert len(fake.rescans) == rescans
     assert {c.finding.module: verdicts[c.key].verified for c in candidates} == {

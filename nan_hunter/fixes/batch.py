@@ -5,8 +5,10 @@ Here the primary fixes of a report are put into groups of *independent* fixes, a
 is verified by ONE re-scan with all of its edits applied; every finding of the group is judged
 against that re-scan with the same ``judge`` as one at a time (its op no longer fails, no error
 the original scan lacked, the loss within ``LOSS_RTOL`` of the FP32 reference). When that
-re-scan fails for any member, or cannot run, the group is split in two and each half verified
-the same way, down to single fixes, which are verified exactly as one at a time.
+re-scan fails for any member, the members whose own op still fails are verified one at a time
+and the others again together; when no failure is a member's own (a new error, a changed
+loss, a re-scan that cannot run), the group is split in two and each half verified the same
+way, down to single fixes, which are verified exactly as one at a time.
 
 Two fixes are independent (``independent``) when all of these hold:
 
@@ -166,6 +168,9 @@ class _Verdict(Protocol):
     @property
     def verified(self) -> bool: ...
 
+    @property
+    def op_still_fails(self) -> bool: ...
+
 
 V = TypeVar("V", bound=_Verdict)
 
@@ -176,7 +181,7 @@ def verify_groups(
     verify_one: Callable[[Candidate], V],
     verify_together: Callable[[Sequence[Candidate]], dict[Key, V] | None],
 ) -> dict[Key, V]:
-    """A verdict per candidate key: each group by one re-scan, split in halves when it fails.
+    """A verdict per candidate key: each group by one re-scan, split when it fails.
 
     ``verify_one`` is one-at-a-time verification; ``verify_together`` re-scans the project with
     all the candidates' edits applied and judges each candidate against that one re-scan (None
@@ -192,11 +197,23 @@ def _verify(
     verify_one: Callable[[Candidate], V],
     verify_together: Callable[[Sequence[Candidate]], dict[Key, V] | None],
 ) -> dict[Key, V]:
+    """How a failed group is split: the members whose own op still fails in the group's
+    re-scan (their failure is theirs: no other member's values reach that op) are verified one
+    at a time, the others again as a group; when no failure is a member's own (a new error, a
+    changed loss, a re-scan that did not run), the group is halved."""
     if len(group) == 1:
         return {group[0].key: verify_one(group[0])}
     together = verify_together(group)
-    if together is not None and all(together[c.key].verified for c in group):
-        return together
+    if together is not None:
+        if all(together[c.key].verified for c in group):
+            return together
+        own = [c for c in group if together[c.key].op_still_fails]
+        if own:
+            rest = [c for c in group if not together[c.key].op_still_fails]
+            out = {c.key: verify_one(c) for c in own}
+            if rest:
+                out.update(_verify(rest, verify_one, verify_together))
+            return out
     half = len(group) // 2
     return {
         **_verify(group[:half], verify_one, verify_together),

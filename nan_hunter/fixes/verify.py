@@ -49,6 +49,9 @@ _OWN_PACKAGE = Path(__file__).resolve().parents[1]
 class Verdict:
     verified: bool
     remaining: tuple[str, ...]
+    op_still_fails: bool = False
+    """The re-scan has an error at the fixed op itself (a failure of this fix alone, when it
+    was re-scanned with independent fixes: see ``nan_hunter.fixes.batch``)."""
 
 
 def verify_fixes(
@@ -122,7 +125,7 @@ def verify_together(
         verdict = judge(c.finding, report, after, patched)
         others = ", ".join(o.finding.module for o in group if o is not c)
         note = f"re-scanned together with the independent fixes for {others}"
-        verdicts[c.key] = Verdict(verdict.verified, (*verdict.remaining, note))
+        verdicts[c.key] = replace(verdict, remaining=(*verdict.remaining, note))
     return verdicts
 
 
@@ -174,13 +177,14 @@ def judge(
     old_errors = [f for f in before.findings if f.is_error]
     remaining: list[str] = []
     verified = True
+    still_fails = False
     for g in (f for f in after.findings if f.is_error):
         place = _original_place(g.location, patched)
         edited = place is not None and place[3]
         if (edited and (g.op, g.module) == (finding.op, finding.module)) or _same_site(
             finding, g, place
         ):
-            verified = False
+            verified, still_fails = False, True
             remaining.append(f"{_describe(g)} (the fixed op still fails)")
         elif any(_same_site(h, g, place) for h in old_errors if h is not finding):
             remaining.append(f"{_describe(g)} (was there before)")
@@ -191,7 +195,7 @@ def judge(
     if changed is not None:
         verified = False
         remaining.append(changed)
-    return Verdict(verified, tuple(remaining))
+    return Verdict(verified, tuple(remaining), still_fails)
 
 
 LOSS_RTOL = 0.05
