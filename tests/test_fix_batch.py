@@ -464,3 +464,36 @@ def test_golden_report_of_the_four_heads(update_golden: bool) -> None:
         if not update_golden:
             pytest.fail(f"{golden.name} did not exist; written now, check it in")
     assert rendered == golden.read_text(encoding="utf-8")
+
+
+def _alternatives_only(report: Report) -> Report:
+    """Each finding's fix made a no-op (its op still fails), with the real fix as its
+    alternative: the alternatives must carry the verification."""
+    bad = report
+    for f in report.findings:
+        bad = _bad_edit(bad, f.module, "noop")
+    findings = []
+    for good, noop in zip(report.findings, bad.findings, strict=True):
+        assert good.fix is not None and noop.fix is not None
+        findings.append(replace(noop, fix=replace(noop.fix, alternatives=(good.fix,))))
+    return replace(report, findings=tuple(findings))
+
+
+@pytest.mark.parametrize("path", [GUARDED, COUPLED], ids=["guarded", "coupled"])
+def test_alternatives_of_failed_fixes_are_verified_in_groups(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The four own fixes fail (each op still fails: each then re-scanned alone, as one at a
+    time does), and the four alternatives verify together in one re-scan. One at a time takes
+    eight re-scans; on the coupled model it verifies no alternative (the loss)."""
+    batched, calls = _verified_scan(path, monkeypatch, batched=True, tamper=_alternatives_only)
+    alone, alone_calls = _verified_scan(
+        path, monkeypatch, batched=False, tamper=_alternatives_only
+    )
+    assert (len(calls), len(alone_calls)) == (1 + 4 + 1, 8)
+    for f in batched.findings:
+        assert f.fix is not None and f.fix.verified is False
+        (alternative,) = f.fix.alternatives
+        assert alternative.verified is True
+    alone_alternatives = [f.fix.alternatives[0].verified for f in alone.findings if f.fix]
+    assert alone_alternatives == [path is GUARDED] * 4

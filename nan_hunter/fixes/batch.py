@@ -1,7 +1,8 @@
 """Independent fixes verified together: one re-scan per group, split only when it fails.
 
 One-at-a-time verification (``verify.verify_fix``) re-scans the whole project once per fix.
-Here the primary fixes of a report are put into groups of *independent* fixes, and each group
+Here the primary fixes of a report (then the alternatives of the findings whose primary is not
+verified) are put into groups of *independent* fixes, and each group
 is verified by ONE re-scan with all of its edits applied; every finding of the group is judged
 against that re-scan with the same ``judge`` as one at a time (its op no longer fails, no error
 the original scan lacked, the loss within ``LOSS_RTOL`` of the FP32 reference). When that

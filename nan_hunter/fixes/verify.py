@@ -59,20 +59,33 @@ def verify_fixes(
 ) -> Report:
     """``report`` with ``verified`` and ``remaining`` set on every fix with edits (the fix of
     each finding and its alternatives). With ``probe``, the findings' own fixes are verified in
-    groups of independent fixes first (one re-scan per group); alternatives are tried, one at
-    a time, only for a finding whose own fix is not verified."""
+    groups of independent fixes first (one re-scan per group), then, in groups as well, the
+    alternatives of the findings whose own fix is not verified (alternatives are only tried
+    for those, as one at a time)."""
     cache: dict[Key, Verdict] = {}
-    candidates = _primaries(report)
-    if probe is not None and worth_probing(candidates):
-        flow = _dataflow(candidates, probe)
-        cache.update(
-            verify_groups(
-                candidates,
-                flow,
-                lambda c: verify_fix(c.fix, c.finding, report, rescan, entry),
-                lambda group: verify_together(group, report, rescan, entry),
-            )
-        )
+    primaries = _primaries(report)
+    alternatives = _first_alternatives(report)
+    everything = primaries + [c for _, alts in alternatives for c in alts]
+    if probe is not None and worth_probing(everything):
+        flow = _dataflow(everything, probe)
+
+        def verify_one(c: Candidate) -> Verdict:
+            return verify_fix(c.fix, c.finding, report, rescan, entry)
+
+        def together(group: Sequence[Candidate]) -> dict[Key, Verdict] | None:
+            return verify_together(group, report, rescan, entry)
+
+        cache.update(verify_groups(primaries, flow, verify_one, together))
+        # the alternatives of each finding whose own fix is not verified: in groups too
+        tried = {
+            c.key: c
+            for finding, alts in alternatives
+            if finding.fix is not None
+            and not (finding.fix.edits and cache[_key(finding.fix, finding)].verified)
+            for c in alts
+            if c.key not in cache
+        }
+        cache.update(verify_groups(list(tried.values()), flow, verify_one, together))
     findings = []
     for finding in report.findings:
         fix = finding.fix
@@ -96,6 +109,22 @@ def _primaries(report: Report) -> list[Candidate]:
         if fix is not None and fix.edits and finding.suppression is None:
             out.setdefault(_key(fix, finding), Candidate(_key(fix, finding), finding, fix))
     return list(out.values())
+
+
+def _first_alternatives(report: Report) -> list[tuple[Finding, list[Candidate]]]:
+    """Per unsuppressed finding, the alternatives with edits of its fix (first level)."""
+    out = []
+    for finding in report.findings:
+        if finding.fix is None or finding.suppression is not None:
+            continue
+        alts = [
+            Candidate(_key(alt, finding), finding, alt)
+            for alt in finding.fix.alternatives
+            if alt.edits
+        ]
+        if alts:
+            out.append((finding, alts))
+    return out
 
 
 def _dataflow(candidates: Sequence[Candidate], probe: Probe) -> Dataflow | None:
