@@ -222,7 +222,8 @@ class StatsQueue:
 
     def _reduce(self, t: torch.Tensor, counts: bool) -> tuple[Any, int, Any]:
         """Writes ``t``'s extremes (and nonzero and tiny counts) into the result buffer;
-        returns where: (key, index of min and max, (key, index) of the counts or None)."""
+        returns where: (key, index of min and max, (key, index of the counts, whether the
+        second count includes the zeros) or None)."""
         data = t.detach()
         if data.element_size() == 1:  # float8: no aminmax kernel; FP32 holds it exactly
             data = data.float()
@@ -238,7 +239,11 @@ class StatsQueue:
         if normal is not None:
             # A 16-bit float's magnitude bits: 0 for +-0, below the smallest normal's bits for
             # a subnormal. Integer kernels count them 2.5x faster than float ones.
-            counts_[count_at].copy_(torch.count_nonzero(_magnitude_bits(flat)))
+            bits = _magnitude_bits(flat)
+            counts_[count_at].copy_(torch.count_nonzero(bits))
+            if step == 1:  # zeros and subnormals together: the zeros are subtracted at the read
+                counts_[count_at + 1].copy_(torch.count_nonzero(bits.lt(normal)))
+                return key, at, (count_key, count_at, True)
             bits = _magnitude_bits(sample)
             tiny = bits.gt(0).logical_and_(bits.lt(normal))
         else:
@@ -246,7 +251,7 @@ class StatsQueue:
             magnitude = sample.abs()
             tiny = (magnitude < self._fmt.smallest_normal) & (magnitude > 0)
         counts_[count_at + 1].copy_(torch.count_nonzero(tiny))
-        return key, at, (count_key, count_at)
+        return key, at, (count_key, count_at, False)
 
     def _summarise(self, pending: list[_Pending], host: dict[Any, list[float]]) -> None:
         fmt = self._fmt
@@ -255,6 +260,8 @@ class StatsQueue:
             if where is not None:
                 values = host[where[0]]
                 nonzero, tiny_count = int(values[where[1]]), int(values[where[1] + 1])
+                if where[2]:  # counted with the zeros
+                    tiny_count -= numel - nonzero
             if not (_finite(lo_f) and _finite(hi_f)):
                 # NaN or inf: the detailed statistics, from the tensor itself (unchanged).
                 if held is None or version_of(held) != version:
