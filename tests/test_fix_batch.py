@@ -40,11 +40,11 @@ def _origins(path: Path) -> list[tuple[str, str, str, int]]:
 Tamper = Callable[[Report], Report]
 
 
-def _verified_scan(
-    path: Path, monkeypatch: pytest.MonkeyPatch, *, batched: bool, tamper: Tamper | None = None
-) -> tuple[Report, list[Path]]:
-    """``scan_file(path)`` with verification, the re-scans it ran counted (calls of the rescan
-    callable); ``batched=False``: one at a time (no data-flow probe)."""
+def _count_rescans(
+    monkeypatch: pytest.MonkeyPatch, *, batched: bool = True, tamper: Tamper | None = None
+) -> list[Path]:
+    """The entry files of the re-scans ``api``'s verification runs, appended as they run;
+    ``batched=False``: one at a time (no data-flow probe); ``tamper`` edits the report first."""
     calls: list[Path] = []
     real = verify_module.verify_fixes
 
@@ -58,6 +58,15 @@ def _verified_scan(
         return real(report, counted, entry, probe if batched else None)
 
     monkeypatch.setattr(api, "verify_fixes", counting)
+    return calls
+
+
+def _verified_scan(
+    path: Path, monkeypatch: pytest.MonkeyPatch, *, batched: bool, tamper: Tamper | None = None
+) -> tuple[Report, list[Path]]:
+    """``scan_file(path)`` with verification, the re-scans it ran counted (calls of the rescan
+    callable); ``batched=False``: one at a time (no data-flow probe)."""
+    calls = _count_rescans(monkeypatch, batched=batched, tamper=tamper)
     return api.scan_file(str(path)), calls
 
 
@@ -324,17 +333,7 @@ def test_in_memory_scan_verifies_the_group_too(monkeypatch: pytest.MonkeyPatch) 
     spec.loader.exec_module(module)
     model, batch = module.build_model(), module.sample_batch()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    calls: list[object] = []
-    real = verify_module.verify_fixes
-
-    def counting(report: Report, rescan: Any, entry: Path, probe: Any = None) -> Report:
-        def counted(shadow_entry: Path) -> Report:
-            calls.append(shadow_entry)
-            return rescan(shadow_entry)
-
-        return real(report, counted, entry, probe)
-
-    monkeypatch.setattr(api, "verify_fixes", counting)
+    calls = _count_rescans(monkeypatch)
     report = api.scan(model, batch)
     assert len(calls) == 1
     assert [f.fix.verified for f in report.findings if f.fix is not None] == [True] * 4
