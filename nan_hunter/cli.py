@@ -90,11 +90,11 @@ def scan(
 @app.command()
 def rules() -> None:
     """List every rule code with its name and summary."""
+    from nan_hunter.report.catalog import rule_catalog
     from nan_hunter.report.text import render_rules
-    from nan_hunter.rules import all_rules
     from nan_hunter.terminal import report_width
 
-    typer.echo(render_rules(all_rules(), width=report_width(sys.stdout)), nl=False)
+    typer.echo(render_rules(rule_catalog(), width=report_width(sys.stdout)), nl=False)
 
 
 @app.command("config")
@@ -126,9 +126,9 @@ def show_config(
 @app.command()
 def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. NH101.")]) -> None:
     """Show a rule's documentation: What, Why, Example, Fix."""
-    from nan_hunter.rules import get_rule
+    from nan_hunter.report.catalog import rule_catalog
 
-    rule = get_rule(code)
+    rule = next((r for r in rule_catalog() if r.code == code.upper()), None)
     if rule is None:
         raise fail(f"unknown rule code {code!r}; `nan-hunter rules` lists them")
     console = Console(highlight=False)

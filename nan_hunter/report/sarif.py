@@ -14,17 +14,15 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from nan_hunter.findings import Edit, Finding, Fix, OpRef, Report, Severity
 from nan_hunter.fixes.edits import by_file, combine
 from nan_hunter.fixes.source import SourceError, read_source, split_lines
+from nan_hunter.report.catalog import RuleInfo, rule_catalog
 from nan_hunter.report.paths import repository_relative
 from nan_hunter.version import __version__
-
-if TYPE_CHECKING:
-    from nan_hunter.rules.registry import Rule
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
@@ -47,9 +45,7 @@ def sarif_dict(report: Report) -> dict[str, Any]:
 
 
 def sarif_dict_many(reports: Sequence[Report]) -> dict[str, Any]:
-    from nan_hunter.rules.registry import all_rules  # imports torch: only for SARIF
-
-    rules = all_rules()
+    rules = rule_catalog()
     index = {rule.code: i for i, rule in enumerate(rules)}
     driver = {
         "name": "nan-hunter",
@@ -71,7 +67,7 @@ def sarif_dict_many(reports: Sequence[Report]) -> dict[str, Any]:
     }
 
 
-def _rule(rule: Rule) -> dict[str, Any]:
+def _rule(rule: RuleInfo) -> dict[str, Any]:
     doc = {"text": rule.doc, "markdown": rule.doc}
     return {
         "id": rule.code,

@@ -23,7 +23,7 @@ from nan_hunter.report.paths import display_path
 from nan_hunter.trace.summary import format_number
 
 if TYPE_CHECKING:
-    from nan_hunter.rules.registry import Rule  # the rules import torch; rendering does not
+    from nan_hunter.report.catalog import RuleInfo
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -77,7 +77,7 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
     return buffer.getvalue()
 
 
-def render_rules(rules: Iterable[Rule], *, width: int | None = None) -> str:
+def render_rules(rules: Iterable[RuleInfo], *, width: int | None = None) -> str:
     """``nan-hunter rules``: code, severity, name and summary per line; laid out to ``width``
     columns (at least 80) with the summary wrapped under itself, or unwrapped when None."""
     buffer = StringIO()
