@@ -7,12 +7,13 @@ every fixture and example model, and on random op chains near FP16's limits (hyp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nan_hunter.loader import load_target
@@ -117,27 +118,51 @@ def _apply(chain: list[str], x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest distance in FP16 units in the last place between finite entries."""
+def _ulp_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per entry, the distance in FP16 units in the last place (as FP16 bit patterns)."""
     ia = a.half().view(torch.int16).int()
     ib = b.half().view(torch.int16).int()
     # map the sign-magnitude bit patterns onto a monotonic integer line
     ia = torch.where(ia < 0, -32768 - ia, ia)
     ib = torch.where(ib < 0, -32768 - ib, ib)
+    return (ia - ib).abs()
+
+
+def _ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in FP16 units in the last place between finite entries."""
     finite = torch.isfinite(a) & torch.isfinite(b)
-    return int((ia - ib).abs()[finite].max()) if bool(finite.any()) else 0
+    return int(_ulp_steps(a, b)[finite].max()) if bool(finite.any()) else 0
 
 
 magnitudes = st.sampled_from([1e-6, 1e-3, 1.0, 30.0, 250.0, 2000.0, 60000.0])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _beyond_tolerance(a: torch.Tensor, b: torch.Tensor, ulps: int) -> int:
+    """Finite entries that differ by more than ``ulps`` FP16 units in their own last place AND
+    by more than ``ulps`` units in the last place of the largest magnitude among them: a dot
+    product (``linear``, ``bmm``) of values that differ by an ulp or two can cancel to a result
+    far smaller than its terms, whose own ulps then say nothing (-0.12 from terms of 1e4)."""
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    if not bool(finite.any()):
+        return 0
+    own = _ulp_steps(a, b) > ulps
+    top = float(torch.maximum(a.abs(), b.abs())[finite].max())
+    unit = 2.0 ** (math.frexp(top)[1] - 11) if top > 0 else 2.0**-24  # FP16 ulp at ``top``
+    shared = (a - b).abs() > ulps * unit
+    return int((own & shared & finite).sum())
+
+
+@settings(
+    max_examples=60, deadline=None, derandomize=True,  # the same examples in every CI run
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     chain=st.lists(st.sampled_from(sorted(OPS)), min_size=1, max_size=4),
     scale=magnitudes,
     wscale=magnitudes,
     seed=st.integers(0, 2**16),
 )
+@example(chain=["mean", "div", "linear"], scale=250.0, wscale=1.0, seed=2)  # cancels to -0.12
 def test_random_chains_match_real_fp16(chain: list[str], scale: float, wscale: float,
                                        seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
@@ -157,8 +182,9 @@ def test_random_chains_match_real_fp16(chain: list[str], scale: float, wscale: f
     assert torch.equal(torch.isposinf(emulated), torch.isposinf(real))
     assert torch.equal(torch.isneginf(emulated), torch.isneginf(real))
     # One rounding of the same FP32 result can differ by 1 ulp (a different summation order);
-    # after several ops such differences compound by at most one ulp per op.
-    assert _ulp_distance(emulated, real) <= max(1, len(chain)), chain
+    # after several ops such differences compound by at most one ulp per op (at the scale of
+    # the values involved: see _beyond_tolerance).
+    assert _beyond_tolerance(emulated, real, max(1, len(chain))) == 0, chain
 
 
 def test_ulp_distance_counts_units_in_the_last_place() -> None:
@@ -167,3 +193,14 @@ def test_ulp_distance_counts_units_in_the_last_place() -> None:
     assert _ulp_distance(one, torch.tensor([1.0 + 2**-10, -1.0, 0.0])) == 1  # next FP16 up
     assert _ulp_distance(one, torch.tensor([1.0, -1.0 - 2**-9, 0.0])) == 2
     assert _ulp_distance(torch.tensor([2**-24]), torch.tensor([-(2**-24)])) == 2  # across 0
+
+
+def test_the_tolerance_is_at_the_scale_of_the_values() -> None:
+    """Four ulps of a result that cancelled to -0.12 next to results of 1e4 are within the
+    tolerance; four ulps of the 1e4 ones are not."""
+    real = torch.tensor([1.0e4, -0.12268])
+    cancelled = torch.tensor([1.0e4, -0.12268 + 4 * 2**-14])  # FP16 ulp at 0.12 is 2**-14
+    assert _ulp_distance(cancelled, real) == 4
+    assert _beyond_tolerance(cancelled, real, 3) == 0
+    far = torch.tensor([1.0e4 + 4 * 8.0, -0.12268])  # FP16's ulp at 1e4 is 8
+    assert _beyond_tolerance(far, real, 3) == 1
