@@ -263,3 +263,17 @@ def test_a_model_with_dropout_backs_off_on_one_forward() -> None:
     scaling = first.target.loss_scaling  # type: ignore[attr-defined]
     assert scaling is not None and scaling.used < scaling.initial  # backed off
     assert forwards == 2  # the low-precision one for every scale, and the FP32 reference
+
+
+def test_a_scan_leaves_the_callers_random_state_as_it_was() -> None:
+    """The dropout masks a scan draws come from the global generator; the caller's next draw
+    is the one it would have made without the scan, and two scans in a row agree."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    batch = torch.randn(4, 8)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first = scan(model, batch)
+    second = scan(model, batch)
+    assert torch.equal(torch.rand(3), expected)
+    _same(first, second)
