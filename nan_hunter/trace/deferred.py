@@ -185,6 +185,10 @@ class StatsQueue:
         if numel == 0 or not t.is_floating_point():
             self._results.append(TensorStats(tuple(t.shape), dtype_name(t.dtype), numel))
             return slot
+        if t.layout != torch.strided:  # a sparse gradient: rare, summarised at once
+            with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
+                self._results.append(tensor_stats(t, self._fmt, counts=counts))
+            return slot
         self._results.append(None)
         with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
             places = self._reduce(t, counts)

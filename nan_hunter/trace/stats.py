@@ -8,6 +8,7 @@ computed with a handful of reductions and no copy of the tensor beyond one boole
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -40,6 +41,8 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16, *, counts: bool = Tru
     NaN/inf counts are only taken when they are there. ``counts`` adds ``zeros`` and ``tiny``
     (values below ``fmt``'s smallest normal, the ones that format loses).
     """
+    if t.layout != torch.strided:
+        return _sparse_stats(t, fmt, counts=counts)
     shape = tuple(int(s) for s in t.shape)
     numel = t.numel()
     name = dtype_name(t.dtype)
@@ -90,3 +93,27 @@ def _tiny(flat: torch.Tensor, fmt: FloatFormat) -> int:
     magnitude = sample.abs()
     count = int(torch.count_nonzero((magnitude < fmt.smallest_normal) & (magnitude > 0)))
     return count if step == 1 else round(count * n / sample.numel())
+
+
+def _sparse_stats(t: torch.Tensor, fmt: FloatFormat, *, counts: bool) -> TensorStats:
+    """A sparse tensor (the gradient of ``Embedding(sparse=True)``): the statistics of its stored
+    values, with the values it does not store counted as the zeros they are, over its full
+    shape (a dense copy could take gigabytes)."""
+    data = t.detach()
+    stored = (data.coalesce() if data.layout == torch.sparse_coo else data).values().reshape(-1)
+    of_stored = tensor_stats(stored, fmt, counts=counts)
+    implicit = t.numel() - stored.numel()
+    shape = tuple(int(s) for s in t.shape)
+    if not t.is_floating_point() or implicit == 0:
+        return replace(of_stored, shape=shape, numel=t.numel())
+    low = 0.0 if of_stored.min is None else min(of_stored.min, 0.0)
+    high = 0.0 if of_stored.max is None else max(of_stored.max, 0.0)
+    return replace(
+        of_stored,
+        shape=shape,
+        numel=t.numel(),
+        min=low,
+        max=high,
+        abs_max=max(abs(low), abs(high)),
+        zeros=None if of_stored.zeros is None else of_stored.zeros + implicit,
+    )
