@@ -187,3 +187,26 @@ def test_fix_all_makes_every_bundled_example_with_findings_clean(
     assert result.exit_code == 0, result.stdout
     assert "round 1: fixed" in result.stderr
     assert scan_file(str(path)).errors == 0
+
+
+def test_a_skipped_fix_says_what_failed_its_proof() -> None:
+    """Errors the original scan had too, and the note on a group re-scan, are listed in
+    ``remaining`` but are not why the fix was not verified: the reason is the first that is."""
+    from nan_hunter.findings import Applicability, Fix
+    from nan_hunter.fixes.select import why_not
+
+    edit = Edit("model.py", 3, 3, "    y = x.float() * w\n")
+    fix = Fix(
+        "keep it in FP32", Applicability.SAFE, (edit,), verified=False,
+        remaining=(
+            "NH102 torch.matmul at line 9 (was there before)",
+            "the loss is not finite after the fix",
+            "re-scanned together with the independent fixes for heads.1",
+        ),
+    )  # fmt: skip
+    assert why_not(fix, unsafe=False) == "not verified: the loss is not finite after the fix"
+    only_old = Fix(
+        "keep it in FP32", Applicability.SAFE, (edit,), verified=False,
+        remaining=("NH102 torch.matmul at line 9 (was there before)",),
+    )  # fmt: skip
+    assert why_not(only_old, unsafe=False) == "not verified: the finding remained"

@@ -36,9 +36,18 @@ def why_not(fix: Fix, unsafe: bool) -> str | None:
     if fix.applicability is Applicability.UNSAFE and not unsafe:
         return "unsafe fix (use --unsafe-fixes)"
     if fix.verified is False:
-        reason = fix.remaining[0] if fix.remaining else "the finding remained"
+        # the first entry that failed the proof; errors the original scan had at the same
+        # place, and the note on a group re-scan, do not
+        reasons = [r for r in fix.remaining if not r.endswith(_NOT_A_REASON) and not (
+            r.startswith(_GROUP_NOTE)
+        )]
+        reason = reasons[0] if reasons else "the finding remained"
         return f"not verified: {reason}"
     return None
+
+
+_NOT_A_REASON = "(was there before)"
+_GROUP_NOTE = "re-scanned together with"
 
 
 def select_fixes(report: Report, *, unsafe: bool = False) -> Selection:
