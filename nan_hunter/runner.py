@@ -25,7 +25,7 @@ from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import frame_origin
-from nan_hunter.trace.stats import TensorStats, tensor_stats
+from nan_hunter.trace.stats import TensorStats, stored_values, tensor_stats
 
 
 @dataclass(frozen=True)
@@ -445,12 +445,12 @@ class _TracedForward:
 def _all_finite(grads: tuple[torch.Tensor | None, ...]) -> bool:
     """Whether every gradient is finite: one max-magnitude per tensor (NaN and inf show in it),
     one read back."""
-    present = [
-        (g.coalesce().values() if g.is_sparse else g).detach()
+    values = [
+        stored_values(g) if g.layout != torch.strided else g.detach()
         for g in grads
-        if g is not None and g.is_floating_point() and g.numel() > 0
+        if g is not None and g.is_floating_point()
     ]
-    present = [g for g in present if g.numel() > 0]  # a sparse gradient may store none
+    present = [v for v in values if v.numel() > 0]  # empty, or sparse and storing none
     if not present:
         return True
     with torch._C._DisableTorchDispatch():

@@ -13,16 +13,11 @@ from dataclasses import replace
 import torch
 
 from nan_hunter.precision.formats import FP16, FloatFormat
-from nan_hunter.trace.summary import TensorStats, format_number
+from nan_hunter.trace.summary import FLOAT_DTYPES, TensorStats, format_number
 
 __all__ = ["SAMPLE", "TensorStats", "dtype_name", "format_number", "tensor_stats"]
 
-_DTYPE_NAMES = {
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-}
+_DTYPE_NAMES = {getattr(torch, name): name for name in FLOAT_DTYPES}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -95,12 +90,17 @@ def _tiny(flat: torch.Tensor, fmt: FloatFormat) -> int:
     return count if step == 1 else round(count * n / sample.numel())
 
 
+def stored_values(t: torch.Tensor) -> torch.Tensor:
+    """The values a sparse tensor stores, flat and detached (COO coalesced first)."""
+    data = t.detach()
+    return (data.coalesce() if data.layout == torch.sparse_coo else data).values().reshape(-1)
+
+
 def _sparse_stats(t: torch.Tensor, fmt: FloatFormat, *, counts: bool) -> TensorStats:
     """A sparse tensor (the gradient of ``Embedding(sparse=True)``): the statistics of its stored
     values, with the values it does not store counted as the zeros they are, over its full
     shape (a dense copy could take gigabytes)."""
-    data = t.detach()
-    stored = (data.coalesce() if data.layout == torch.sparse_coo else data).values().reshape(-1)
+    stored = stored_values(t)
     of_stored = tensor_stats(stored, fmt, counts=counts)
     implicit = t.numel() - stored.numel()
     shape = tuple(int(s) for s in t.shape)
