@@ -228,3 +228,30 @@ def test_format_number(value: float, text: str) -> None:
 
 def test_format_number_just_below_ten_thousand() -> None:
     assert format_number(9999.7) == "1.00e+04"
+
+
+def test_zeros_and_tiny_are_exact_up_to_twice_the_sample_and_estimated_on_it_beyond() -> None:
+    """Beyond ``2 * SAMPLE`` values both counts come from the same strided sample (one pass
+    over a large activation instead of three), scaled to the whole tensor; below, every value
+    is counted. The batched queue and the eager path agree on both."""
+    from nan_hunter.trace import deferred
+    from nan_hunter.trace.stats import SAMPLE
+
+    exact = torch.ones(2 * SAMPLE - 1)
+    exact[1::3] = 0.0  # off any stride a sample would take
+    exact[2::6] = 1e-6
+    stats = tensor_stats(exact)
+    n = exact.numel()
+    assert (stats.zeros, stats.tiny) == (len(range(1, n, 3)), len(range(2, n, 6)))
+
+    n = 4 * SAMPLE + 4  # step 4: the sample is every 4th value, 65537 of them
+    big = torch.ones(n)
+    big[0::8] = 0.0  # half the sample, an eighth of the tensor: the sample's share is scaled
+    big[2::4] = 1e-6  # never sampled
+    big = big.half()
+    stats = tensor_stats(big)
+    sampled = len(range(0, n, 4))
+    assert stats.zeros == round(len(range(0, n, 8)) * n / sampled)
+    assert stats.tiny == 0
+    queue = deferred.StatsQueue(FP16)
+    assert queue.stats(queue.add(big, True)) == stats

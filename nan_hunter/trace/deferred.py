@@ -21,7 +21,14 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from nan_hunter.precision.formats import FloatFormat
-from nan_hunter.trace.stats import SAMPLE, TensorStats, dtype_name, tensor_stats
+from nan_hunter.trace.stats import (
+    SAMPLE,
+    TensorStats,
+    dtype_name,
+    sample_of,
+    scaled,
+    tensor_stats,
+)
 
 V = TypeVar("V")
 
@@ -235,25 +242,20 @@ class StatsQueue:
         torch.aminmax(data, out=(views[at], views[at + 1]))
         if not counts:
             return key, at, None
-        flat = data.reshape(-1)
-        step = max(1, flat.numel() // SAMPLE)
-        sample = flat[::step] if step > 1 else flat
+        sample, _ = sample_of(data.reshape(-1))
         count_key, count_at, counts_ = self._buffer.take(data, 2, torch.int64)
         normal = _HALF_NORMAL_BITS.get(data.dtype) if data.dtype == self._fmt.dtype else None
         if normal is not None:
             # A 16-bit float's magnitude bits: 0 for +-0, below the smallest normal's bits for
-            # a subnormal. Integer kernels count them 2.5x faster than float ones.
-            bits = _magnitude_bits(flat)
-            counts_[count_at].copy_(torch.count_nonzero(bits))
-            if step == 1:  # zeros and subnormals together: the zeros are subtracted at the read
-                counts_[count_at + 1].copy_(torch.count_nonzero(bits.lt(normal)))
-                return key, at, (count_key, count_at, True)
+            # a subnormal. Integer kernels count them 2.5x faster than float ones; the zeros
+            # and subnormals are counted together, the zeros subtracted at the read.
             bits = _magnitude_bits(sample)
-            tiny = bits.gt(0).logical_and_(bits.lt(normal))
-        else:
-            counts_[count_at].copy_(torch.count_nonzero(data))
-            magnitude = sample.abs()
-            tiny = (magnitude < self._fmt.smallest_normal) & (magnitude > 0)
+            counts_[count_at].copy_(torch.count_nonzero(bits))
+            counts_[count_at + 1].copy_(torch.count_nonzero(bits.lt(normal)))
+            return key, at, (count_key, count_at, True)
+        counts_[count_at].copy_(torch.count_nonzero(sample))
+        magnitude = sample.abs()
+        tiny = (magnitude < self._fmt.smallest_normal) & (magnitude > 0)
         counts_[count_at + 1].copy_(torch.count_nonzero(tiny))
         return key, at, (count_key, count_at, False)
 
@@ -261,23 +263,21 @@ class StatsQueue:
         fmt = self._fmt
         for slot, shape, dtype, numel, counts, held, version, (key, at, where) in pending:
             lo_f, hi_f = host[key][at], host[key][at + 1]
+            zeros = tiny = None
             if where is not None:
                 values = host[where[0]]
                 nonzero, tiny_count = int(values[where[1]]), int(values[where[1] + 1])
+                sampled = len(range(0, numel, max(1, numel // SAMPLE)))
                 if where[2]:  # counted with the zeros
-                    tiny_count -= numel - nonzero
+                    tiny_count -= sampled - nonzero
+                factor = numel / sampled
+                zeros, tiny = scaled(sampled - nonzero, factor), scaled(tiny_count, factor)
             if not (_finite(lo_f) and _finite(hi_f)):
                 # NaN or inf: the detailed statistics, from the tensor itself (unchanged).
                 if held is None or version_of(held) != version:
                     raise StaleStatistics("a non-finite tensor is no longer at hand as it was")
                 self._results[slot] = tensor_stats(held.detach(), fmt, counts=counts)
                 continue
-            zeros = tiny = None
-            if counts:
-                zeros = numel - nonzero
-                step = max(1, numel // SAMPLE)
-                sampled = len(range(0, numel, step))
-                tiny = tiny_count if step == 1 else round(tiny_count * numel / sampled)
             self._results[slot] = TensorStats(
                 shape=tuple(shape),
                 dtype=dtype_name(dtype),

@@ -15,7 +15,9 @@ import torch
 from nan_hunter.precision.formats import FP16, FloatFormat
 from nan_hunter.trace.summary import FLOAT_DTYPES, TensorStats, format_number
 
-__all__ = ["SAMPLE", "TensorStats", "dtype_name", "format_number", "tensor_stats"]
+__all__ = [
+    "SAMPLE", "TensorStats", "dtype_name", "format_number", "sample_of", "scaled", "tensor_stats",
+]
 
 _DTYPE_NAMES = {getattr(torch, name): name for name in FLOAT_DTYPES}
 
@@ -25,8 +27,25 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 SAMPLE = 65536
-"""``tiny`` is counted exactly up to this many values, and estimated from an evenly strided
-sample of this size beyond (a share is all it feeds)."""
+"""``zeros`` and ``tiny`` are counted exactly up to this many values, and estimated beyond from
+an evenly strided sample of this size (``sample_of``): what they feed are shares, and a count
+over all values would take two more passes over every large activation."""
+
+
+def sample_of(flat: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The evenly strided sample of a flat tensor that ``zeros`` and ``tiny`` are counted on, and
+    the factor that scales a count over it to the whole tensor (1.0: all values)."""
+    n = flat.numel()
+    step = max(1, n // SAMPLE)
+    if step == 1:
+        return flat, 1.0
+    sample = flat[::step]
+    return sample, n / sample.numel()
+
+
+def scaled(count: int, factor: float) -> int:
+    """A count over ``sample_of``'s sample, as an estimate for the whole tensor."""
+    return count if factor == 1.0 else round(count * factor)
 
 
 def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16, *, counts: bool = True) -> TensorStats:
@@ -63,8 +82,11 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16, *, counts: bool = Tru
         lo_f, hi_f = float(lo), float(hi)
     zeros = tiny = None
     if counts:
-        zeros = finite_vals.numel() - int(torch.count_nonzero(finite_vals))
-        tiny = _tiny(finite_vals.reshape(-1), fmt)
+        sample, factor = sample_of(finite_vals.reshape(-1))
+        zeros = scaled(sample.numel() - int(torch.count_nonzero(sample)), factor)
+        magnitude = sample.abs()
+        tiny_mask = (magnitude < fmt.smallest_normal) & (magnitude > 0)
+        tiny = scaled(int(torch.count_nonzero(tiny_mask)), factor)
     return TensorStats(
         shape=shape,
         dtype=name,
@@ -78,16 +100,6 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16, *, counts: bool = Tru
         zeros=zeros,
         tiny=tiny,
     )
-
-
-def _tiny(flat: torch.Tensor, fmt: FloatFormat) -> int:
-    """Nonzero values below ``fmt``'s smallest normal; estimated on large tensors."""
-    n = flat.numel()
-    step = max(1, n // SAMPLE)
-    sample = flat[::step] if step > 1 else flat
-    magnitude = sample.abs()
-    count = int(torch.count_nonzero((magnitude < fmt.smallest_normal) & (magnitude > 0)))
-    return count if step == 1 else round(count * n / sample.numel())
 
 
 def stored_values(t: torch.Tensor) -> torch.Tensor:
