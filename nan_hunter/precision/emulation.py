@@ -68,7 +68,10 @@ class LowPrecisionEmulation(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         log = self.gradients if torch._C._current_graph_task_id() != -1 else None
-        if not self._eligible_op(func) or not self._all_low(args, kwargs):
+        flat = _flat(args) and (not kwargs or _flat(kwargs.values()))
+        if not self._eligible_op(func) or not (
+            _all_low_flat(args, kwargs, self.low) if flat else self._all_low(args, kwargs)
+        ):
             out = func(*args, **kwargs)
             if log is not None and args and _same_shape_tensors(args[0], out):
                 if args[0].dtype == torch.float32 and out.dtype == self.low:
@@ -77,18 +80,23 @@ class LowPrecisionEmulation(TorchDispatchMode):
                     log.inherit(args[0], out)  # a transpose or the cast back to FP32
             return out
         low = self.low
-        # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=...)``):
-        # emulate only when it names the low dtype itself, computing in FP32 instead.
-        new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
-        if not ok:
-            return func(*args, **kwargs)
-        args, kwargs = new_args, new_kwargs
-        self.emulated += 1
 
         def up(x: Any) -> Any:
             return x.float() if isinstance(x, torch.Tensor) and x.dtype == low else x
 
-        out = func(*map_leaves(up, args), **map_leaves(up, kwargs))
+        if flat:  # most calls: no nesting, no dtype argument
+            up_args = tuple([up(x) for x in args])
+            up_kwargs = {key: up(x) for key, x in kwargs.items()} if kwargs else kwargs
+        else:
+            # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=...)``):
+            # emulate only when it names the low dtype itself, computing in FP32 instead.
+            new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
+            if not ok:
+                return func(*args, **kwargs)
+            args, kwargs = new_args, new_kwargs
+            up_args, up_kwargs = map_leaves(up, args), map_leaves(up, kwargs)
+        self.emulated += 1
+        out = func(*up_args, **up_kwargs)
         keep = _fp32_outputs(func, args)
 
         def down(x: Any) -> Any:
@@ -118,6 +126,30 @@ class LowPrecisionEmulation(TorchDispatchMode):
                     return False
                 seen = True
         return seen
+
+
+_NESTED_OR_DTYPE = (tuple, list, dict, torch.dtype)
+
+
+def _flat(values: Any) -> bool:
+    """Whether no value is a container or a dtype (the call needs no ``_retarget_dtypes`` and
+    no nested mapping; aten takes dtypes as top-level arguments only)."""
+    for x in values:  # noqa: SIM110 (a plain loop: no generator per op call)
+        if isinstance(x, _NESTED_OR_DTYPE):
+            return False
+    return True
+
+
+def _all_low_flat(args: tuple[Any, ...], kwargs: dict[str, Any], low: torch.dtype) -> bool:
+    """``_all_low`` of a call without nesting."""
+    seen = False
+    for values in (args, kwargs.values()) if kwargs else (args,):
+        for x in values:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                if x.dtype != low:
+                    return False
+                seen = True
+    return seen
 
 
 def _same_shape_tensors(a: Any, b: Any) -> bool:
