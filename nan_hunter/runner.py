@@ -362,7 +362,6 @@ class _TracedForward:
         self._loss: torch.Tensor | None = None
         self._loss_stats: TensorStats | None = None
         self._events: tuple[OpEvent, ...] = ()
-        self._retained = False
         self.reusable = False
         """Whether another backward can run on the graph (retained, and nothing failed)."""
 
@@ -407,7 +406,7 @@ class _TracedForward:
         if self._backward and params and loss.requires_grad:
             scaled = loss * scale if scale != 1.0 else loss
             if gradients is not None:
-                gradients.watch(_gradient_sizes(params))
+                gradients.watch(params)
             hooks = tracer.backward_hooks() if events else contextlib.nullcontext()
             with modules, self._numerics(gradients), hooks, _user_errors(modules, "backward"):
                 grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
@@ -456,10 +455,6 @@ def _all_finite(grads: tuple[torch.Tensor | None, ...]) -> bool:
     with torch._C._DisableTorchDispatch():
         norms = torch._foreach_norm(present, float("inf"))
         return bool(torch.stack([n.float() for n in norms]).isfinite().all())
-
-
-def _gradient_sizes(params: list[torch.nn.Parameter]) -> set[int]:
-    return {p.numel() for p in params}
 
 
 def _param_grads(

@@ -265,3 +265,80 @@ def test_window_equals_the_share_of_every_parameter_checked_one_by_one() -> None
         if expected:
             low = min(expected) if cumulative and min(expected) > -40 else None
             assert window.low == low, trial
+
+
+class _Mixer(nn.Module):
+    """Linear layers around an attention-like product and a GELU: backward nodes that feed a
+    parameter (the linears) and nodes that do not (the product, the GELU, the scaling)."""
+
+    def __init__(self, through_add: bool = False) -> None:
+        super().__init__()
+        self.inner = nn.Linear(16, 16)
+        self.outer = nn.Linear(16, 16)
+        self.through_add = through_add
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.inner(x))
+        mixed = (h @ h.transpose(-1, -2) / 4.0) @ h
+        if self.through_add:  # no bias: the matmul's node feeds no parameter it can see
+            return torch.nn.functional.linear(mixed, self.outer.weight + 0.0)
+        return self.outer(mixed)
+
+
+def _low_pass(model: nn.Module, log: GradientLog) -> tuple[dict[str, object], int]:
+    """The per-parameter records of one emulated FP16 pass, and how many forwards it took."""
+    from nan_hunter import runner
+    from nan_hunter.batch import Batch
+    from nan_hunter.precision.context import PrecisionPlan
+
+    torch.manual_seed(1)
+    batch = torch.randn(16, 16) * 1e-3  # activations and their gradients: 16 x 16 too
+    plan = PrecisionPlan(mode="autocast", policy="cuda", device="cpu", fmt=FP16, emulate=True)
+    with runner.PassRunner(
+        model, lambda: Batch((batch,), {}, batch), None, FP16, plan.low_precision,
+        plan.numerics, backward=True,
+    ) as passes:  # fmt: skip
+        return dict(passes.run(1.0, log).param_grads), passes.forwards
+
+
+def test_only_gradients_rounded_where_a_parameter_is_fed_get_a_histogram(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The product, the GELU and the scaling round gradients of a parameter's size (16 x 16)
+    that no parameter receives: they are measured (their maximum) but not histogrammed. Every
+    parameter's record is the one a log that histograms everything gives."""
+    from nan_hunter.precision import gradients
+
+    made: list[int] = []
+    histogram_row = gradients._histogram_row
+
+    def counted(exact: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+        made.append(exact.numel())
+        return histogram_row(exact, rounded)
+
+    monkeypatch.setattr(gradients, "_histogram_row", counted)
+    torch.manual_seed(0)
+    model = _Mixer()
+    every = GradientLog(FP16, depth=1)  # the careful rerun's log: every parameter-sized one
+    exhaustive, _ = _low_pass(model, every)
+    histograms_everywhere = len(made)
+    made.clear()
+    selective, forwards = _low_pass(model, GradientLog(FP16))
+    assert forwards == 1
+    assert selective == exhaustive and set(selective) == {
+        "inner.weight", "inner.bias", "outer.weight", "outer.bias",
+    }  # fmt: skip
+    assert 0 < len(made) <= histograms_everywhere - 3, (made, histograms_everywhere)
+
+
+def test_a_parameter_gradient_rounded_out_of_sight_reruns_the_pass_with_every_histogram() -> None:
+    """``weight + 0.0`` hands its gradient to the parameter unchanged through an ``AddBackward``
+    node, which ``_feeds_parameter`` does not look through: the matmul that rounded it skipped
+    the histogram, the parameter's record is asked for, and the pass runs again measuring every
+    gradient of a parameter's size. The records are those of the careful log."""
+    torch.manual_seed(0)
+    model = _Mixer(through_add=True)
+    careful, _ = _low_pass(model, GradientLog(FP16, depth=1))
+    records, forwards = _low_pass(model, GradientLog(FP16))
+    assert forwards == 2
+    assert records == careful and "outer.weight" in records

@@ -88,6 +88,9 @@ class GradientLog:
         self._records: TensorMap[_Slot] = TensorMap()
         """Per rounded gradient (and its views and casts, sharing the slot): its record."""
         self._sizes: set[int] | None = None
+        self._params: set[int] | None = None
+        """``id``s of the watched parameters: a gradient gets its histogram only when the node
+        that rounds it feeds one of them (through casts and views); None: every gradient."""
         self._max_abs = 0.0
         self.overflowed = False
         """Whether a gradient was not finite, or became inf when rounded (beyond the format's
@@ -102,7 +105,8 @@ class GradientLog:
         """Gradients cast from FP32 to FP16, in backward order (the loss's input first)."""
 
     def reset(self, *, depth: int | None = None) -> None:
-        """Forget everything (a pass that runs again, ``depth`` records per read-back)."""
+        """Forget everything (a pass that runs again, ``depth`` records per read-back; depth 1,
+        the careful rerun, also gives every gradient of a parameter's size its histogram)."""
         if depth is not None:
             self._depth = max(depth, 1)
         self._records = TensorMap()
@@ -123,10 +127,26 @@ class GradientLog:
         self.flush()
         return _Resolved(self)
 
-    def watch(self, sizes: set[int]) -> None:
-        """Only gradients with as many values as a parameter can end up as a parameter's
-        gradient: only they get a histogram; the rest only update the maximum."""
-        self._sizes = sizes
+    def watch(self, params: list[torch.Tensor]) -> None:
+        """Only a gradient that can end up as one of ``params``' gradients gets a histogram
+        (the rest only update the maximum): one with as many values as a parameter, rounded by
+        an autograd node that feeds a parameter through casts and views only
+        (``_feeds_parameter``). A parameter's gradient rounded elsewhere (by a custom function
+        that passes its gradient on unchanged) has none: ``records_of`` then raises
+        ``StaleStatistics``, and the pass runs again with every gradient of a parameter's size
+        measured."""
+        self._sizes = {p.numel() for p in params}
+        self._params = {id(p) for p in params}
+
+    def _wants_histogram(self, rounded: torch.Tensor) -> bool:
+        if self._sizes is None:
+            return True
+        if rounded.numel() not in self._sizes:
+            return False
+        if self._depth == 1 or self._params is None or _current_node is None:
+            return True
+        node = _current_node()
+        return node is None or _feeds_parameter(node, self._params)
 
     def record(self, exact: torch.Tensor, rounded: torch.Tensor, *, boundary: bool = False) -> None:
         """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result.
@@ -137,7 +157,7 @@ class GradientLog:
         if boundary:
             self._boundaries.append((tuple(rounded.shape), slot))
         n = exact.numel()
-        full = boundary or self._sizes is None or rounded.numel() in self._sizes
+        full = boundary or self._wants_histogram(rounded)
         size = n * (exact.element_size() + rounded.element_size())
         held = row = None
         with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
@@ -180,6 +200,8 @@ class GradientLog:
                     raise StaleStatistics("a non-finite gradient is no longer at hand")
                 with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
                     slot.value = self._record_now(held[0], held[1], full=row is not None)
+                if row is None and self._sizes is not None and n in self._sizes:
+                    slot.value = _SKIPPED
                 continue
             self._max_abs = max(self._max_abs, top)
             if top >= self._overflow:
@@ -187,11 +209,16 @@ class GradientLog:
             if row is not None:
                 # The histogram stays on the device until someone asks for this record.
                 slot.value = _Row(row[0], row[1], n)
+            elif self._sizes is not None and n in self._sizes:
+                slot.value = _SKIPPED
 
     def records_of(self, tensors: list[torch.Tensor | None]) -> list[GradRecord | None]:
         """The records of ``tensors`` (the parameters' gradients), read back in one go."""
         self.flush()
-        return self._resolve([self._records.get(t) if t is not None else None for t in tensors])
+        slots = [self._records.get(t) if t is not None else None for t in tensors]
+        if any(s is not None and s.value is _SKIPPED for s in slots):
+            raise StaleStatistics("a parameter's gradient was rounded out of a parameter's sight")
+        return self._resolve(slots)
 
     @property
     def boundaries(self) -> list[Boundary]:
@@ -337,12 +364,51 @@ versions) if held, (histogram rows, row) of a full record."""
 
 
 class _Slot:
-    """One gradient's record: None (none kept), a ``_Row`` on the device, or the record."""
+    """One gradient's record: None (none kept), a ``_Row`` on the device, the record, or
+    ``_SKIPPED`` (a parameter's size, but rounded where no parameter was in sight)."""
 
     __slots__ = ("value",)
 
     def __init__(self) -> None:
-        self.value: GradRecord | _Row | None = None
+        self.value: GradRecord | _Row | object | None = None
+
+
+_SKIPPED = object()
+
+_current_node = getattr(torch._C, "_current_autograd_node", None)
+"""The autograd node whose backward is running (torch >= 2.1); without it every gradient of a
+parameter's size gets its histogram."""
+
+_PASS_THROUGH = frozenset(
+    {
+        "ToCopyBackward", "TBackward", "TransposeBackward", "PermuteBackward", "ViewBackward",
+        "UnsafeViewBackward", "ReshapeAliasBackward", "AliasBackward", "SqueezeBackward",
+        "UnsqueezeBackward", "CloneBackward", "DetachBackward", "PyNode",
+        "BackwardHookFunctionBackward",
+    }
+)  # fmt: skip
+"""Nodes that hand the gradient on as it is (cast, viewed or copied, the values unchanged); a
+custom ``autograd.Function`` (``PyNode``) is counted among them, as it may."""
+
+
+def _feeds_parameter(node: object, params: set[int], depth: int = 8) -> bool:
+    """Whether a gradient ``node`` produces can reach a watched parameter's ``AccumulateGrad``
+    unchanged: through ``_PASS_THROUGH`` nodes only (any other node computes a new gradient,
+    which is rounded, and measured, where that node runs)."""
+    for fn, _ in getattr(node, "next_functions", ()):
+        if fn is None:
+            continue
+        name = type(fn).__name__
+        if name == "AccumulateGrad":
+            if id(getattr(fn, "variable", None)) in params:
+                return True
+        elif (
+            depth
+            and name.rstrip("0123456789") in _PASS_THROUGH
+            and _feeds_parameter(fn, params, depth - 1)
+        ):
+            return True
+    return False
 
 
 class _Row:
