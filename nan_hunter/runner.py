@@ -21,6 +21,7 @@ from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord
+from nan_hunter.precision.heap import trim_heap
 from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
@@ -362,6 +363,7 @@ class _TracedForward:
         self._loss: torch.Tensor | None = None
         self._loss_stats: TensorStats | None = None
         self._events: tuple[OpEvent, ...] = ()
+        self._trimmed = False
         self.reusable = False
         """Whether another backward can run on the graph (retained, and nothing failed)."""
 
@@ -404,6 +406,9 @@ class _TracedForward:
         finite: bool | None = None
         tracer.begin_backward()
         if self._backward and params and loss.requires_grad:
+            if not self._trimmed and loss.device.type == "cpu":
+                # The forward's freed temporaries, given back before the gradients need room.
+                self._trimmed = trim_heap()
             scaled = loss * scale if scale != 1.0 else loss
             if gradients is not None:
                 gradients.watch(params)

@@ -1,0 +1,66 @@
+"""The C heap's free pages go back to the system between a pass's forward and its backward."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from nan_hunter import runner
+from nan_hunter.api import scan
+from nan_hunter.precision import heap
+
+
+def test_the_heap_is_trimmed_once_per_forward_before_its_first_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once per forward: a second backward on the same graph (another loss scale) finds the
+    forward's temporaries given back already, and trimming again would only make the heap
+    fault its pages in anew."""
+    seen: list[str] = []
+
+    def trim() -> bool:
+        seen.append("trim")
+        return True
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append("forward")
+            return self.fc(x)
+
+    monkeypatch.setattr(runner, "trim_heap", trim)
+    torch.manual_seed(0)
+    report = scan(Probe(), torch.randn(2, 4))
+    assert report.status == "clean"
+    assert seen == ["forward", "trim"]
+
+
+def test_trimming_is_a_no_op_where_there_is_no_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert heap._load_malloc_trim() is None
+    monkeypatch.setattr(heap, "_malloc_trim", None)
+    assert heap.trim_heap() is False
+
+
+@pytest.mark.skipif(heap._malloc_trim is None, reason="not glibc")
+def test_trimming_returns_freed_heap_pages_to_the_system() -> None:
+    """Small blocks (below the mmap threshold) freed between live ones stay resident until the
+    trim."""
+
+    def resident_mib() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    blocks = [torch.ones(16 << 10) for _ in range(2048)]  # 64 KiB each, 128 MiB
+    del blocks[::2]  # every other one: holes the heap cannot give back from its top
+    before = resident_mib()
+    assert heap.trim_heap() is True
+    assert resident_mib() < before - 32
+    del blocks
