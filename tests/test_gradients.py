@@ -310,13 +310,13 @@ def test_only_gradients_rounded_where_a_parameter_is_fed_get_a_histogram(
     from nan_hunter.precision import gradients
 
     made: list[int] = []
-    histogram_row = gradients._histogram_row
+    fill_row = gradients._fill_row
 
-    def counted(exact: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    def counted(dest: torch.Tensor, exact: torch.Tensor, rounded: torch.Tensor) -> None:
         made.append(exact.numel())
-        return histogram_row(exact, rounded)
+        fill_row(dest, exact, rounded)
 
-    monkeypatch.setattr(gradients, "_histogram_row", counted)
+    monkeypatch.setattr(gradients, "_fill_row", counted)
     torch.manual_seed(0)
     model = _Mixer()
     every = GradientLog(FP16, depth=1)  # the careful rerun's log: every parameter-sized one

@@ -168,23 +168,26 @@ class GradientLog:
                 held = (exact, rounded, version_of(exact), version_of(rounded))
                 self._held += size
             if full:
-                row = self._keep_row(_histogram_row(data, rounded.detach()))
+                rows, index, dest = self._next_row(data.device)
+                _fill_row(dest, data, rounded.detach())
+                row = (rows, index)
         self._pending.append((slot, (key, at), n, held, row))
         if len(self._pending) >= self._depth:
             self.flush()
 
-    def _keep_row(self, values: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """A histogram row copied into the current row matrix (few long-lived allocations:
-        thousands of small ones between the activations would fragment the heap)."""
+    def _next_row(self, device: torch.device) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """The next free row of the current row matrix (few long-lived allocations: thousands
+        of small ones between the activations would fragment the heap): the matrix, the row's
+        index and the row."""
         rows = self._rows
-        if rows is None or self._rows_used == rows.shape[0] or rows.device != values.device:
+        if rows is None or self._rows_used == rows.shape[0] or rows.device != device:
             size = min(max(self._depth, 1), 1024)
-            rows = torch.empty(size, values.numel(), dtype=values.dtype, device=values.device)
+            rows = torch.empty(size, _ROW, dtype=torch.int64, device=device)
             self._rows, self._rows_used = rows, 0
             self._row_views = list(rows.unbind())
-        self._row_views[self._rows_used].copy_(values)
+        index = self._rows_used
         self._rows_used += 1
-        return rows, self._rows_used - 1
+        return rows, index, self._row_views[index]
 
     def flush(self) -> None:
         pending, self._pending, self._held = self._pending, [], 0
@@ -241,9 +244,9 @@ class GradientLog:
                 if isinstance(slot.value, _Row):  # a slot may be listed twice
                     n = slot.value.numel
                     sampled = len(range(0, n, max(1, n // SAMPLE)))
-                    zeros, rounded_zeros = sampled - int(values[0]), sampled - int(values[1])
-                    histogram = list(map(int, values[2:]))
-                    slot.value = self._finish(n, zeros, rounded_zeros, tuple(histogram))
+                    zeros, rounded_zeros = int(values[0]), sampled - int(values[_BIASED + 1])
+                    histogram = _exponent_histogram(values[1 : _BIASED + 1])
+                    slot.value = self._finish(n, zeros, rounded_zeros, histogram)
         return [
             s.value if s is not None and isinstance(s.value, GradRecord) else None for s in slots
         ]
@@ -283,8 +286,7 @@ class GradientLog:
         step = max(1, flat_exact.numel() // SAMPLE)
         if step > 1:
             flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
-        zeros, counts = _exponent_counts(flat_exact)
-        histogram = tuple(counts.tolist())
+        zeros, histogram = _exponent_counts(flat_exact)
         nonzero = flat_exact.numel() - zeros
         limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
         below_normal = sum(histogram[: limit + 1])
@@ -439,51 +441,50 @@ class _Resolved:
 
 _BIASED = 256
 """FP32's biased exponent field takes 256 values; bucket 0 of ``_exponent_buckets`` is zero."""
+_ROW = _BIASED + 2
+"""A histogram row: the exact sample's bucket counts (``_exponent_buckets``, zeros first), then
+how many of the rounded sample's values are nonzero."""
+_FIRST_BIN = _EXP_OFFSET - 126 - 1
+"""The histogram index of bucket 0: bucket ``b`` (biased exponent ``b - 1``) holds the values
+whose ``frexp`` exponent is ``b - 127``."""
 
 
 def _exponent_buckets(flat_exact: torch.Tensor) -> torch.Tensor:
-    """Per value, from its FP32 bits: 0 for zero, else 1 + the biased exponent field. Three
-    integer kernels instead of ``frexp`` (several times slower); every normal value's bucket is
-    its ``frexp`` exponent + 127, and the FP32 subnormals (below 2**-126, far below anything
-    FP16 keeps at any loss scale) share the bucket of exponent -126."""
+    """Per value, from its FP32 bits: 0 for zero, else 1 + the biased exponent field. Integer
+    kernels instead of ``frexp`` (several times slower); every normal value's bucket is its
+    ``frexp`` exponent + 127, and the FP32 subnormals (below 2**-126, far below anything FP16
+    keeps at any loss scale) share the bucket of exponent -126."""
     if flat_exact.dtype != torch.float32:
         flat_exact = flat_exact.float()
     bits = flat_exact.view(torch.int32).bitwise_and(0x7FFFFFFF)
-    return bits.bitwise_right_shift(23).add_(bits.ne(0))
+    return bits.bitwise_right_shift(23).add_(bits.clamp(max=1))
 
 
-def _histogram(buckets: torch.Tensor) -> torch.Tensor:
-    """Zeros, then the nonzero values per binary exponent (index - 160), in one int64 row of
-    ``1 + _EXP_BINS``."""
-    counts = torch.bincount(buckets, minlength=_BIASED + 1)
-    row = torch.zeros(1 + _EXP_BINS, dtype=torch.int64, device=buckets.device)
-    row[0] = counts[0]
-    first = 1 + _EXP_OFFSET - 126  # biased exponent E is frexp exponent E - 126
-    row[first : first + _BIASED].copy_(counts[1:])
-    return row
+def _exponent_histogram(bucket_counts: list[int] | list[float]) -> tuple[int, ...]:
+    """The counts of buckets 1 to 256 (the nonzero values) as a histogram over binary exponents
+    (index - 160)."""
+    histogram = [0] * _EXP_BINS
+    histogram[_FIRST_BIN + 1 : _FIRST_BIN + 1 + _BIASED] = map(int, bucket_counts)
+    return tuple(histogram)
 
 
-def _exponent_counts(flat_exact: torch.Tensor) -> tuple[int, torch.Tensor]:
+def _exponent_counts(flat_exact: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     """The zeros among ``flat_exact`` and the counts of its nonzero values per binary
     exponent (index - 160)."""
-    row = _histogram(_exponent_buckets(flat_exact))
-    return int(row[0]), row[1:]
+    counts = torch.bincount(_exponent_buckets(flat_exact), minlength=_BIASED + 1).tolist()
+    return counts[0], _exponent_histogram(counts[1:])
 
 
-def _histogram_row(exact: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
-    """On the device, over the strided sample ``_record_now`` takes: the nonzero exact values,
-    the nonzero rounded ones, and the exponent histogram of the nonzero exact values, as one
-    int64 row of ``2 + _EXP_BINS``."""
+def _fill_row(dest: torch.Tensor, exact: torch.Tensor, rounded: torch.Tensor) -> None:
+    """Writes ``dest`` (a ``_ROW`` row, on the device) over the strided sample ``_record_now``
+    takes: the exact values' bucket counts, then the rounded values that are nonzero."""
     flat_exact, flat_rounded = exact.reshape(-1), rounded.reshape(-1)
     step = max(1, flat_exact.numel() // SAMPLE)
     if step > 1:
         flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
-    row = torch.empty(2 + _EXP_BINS, dtype=torch.int64, device=flat_exact.device)
-    counts = _histogram(_exponent_buckets(flat_exact))
-    row[2:].copy_(counts[1:])
-    row[0] = flat_exact.numel() - counts[0]
-    row[1] = torch.count_nonzero(flat_rounded)
-    return row
+    buckets = _exponent_buckets(flat_exact)
+    dest[: _BIASED + 1].copy_(torch.bincount(buckets, minlength=_BIASED + 1))
+    dest[_BIASED + 1].copy_(torch.count_nonzero(flat_rounded))
 
 
 def _lost_share(cumulative: list[int], shift: float, limit: float) -> float:
