@@ -234,7 +234,8 @@ class StatsQueue:
     def _reduce(self, t: torch.Tensor, counts: bool) -> tuple[Any, int, Any]:
         """Writes ``t``'s extremes (and nonzero and tiny counts) into the result buffer;
         returns where: (key, index of min and max, (key, index of the counts, whether the
-        second count includes the zeros) or None)."""
+        second count is of the values with an exponent rather than of the tiny ones) or
+        None)."""
         data = t.detach()
         if data.element_size() == 1:  # float8: no aminmax kernel; FP32 holds it exactly
             data = data.float()
@@ -244,14 +245,14 @@ class StatsQueue:
             return key, at, None
         sample, _ = sample_of(data.reshape(-1))
         count_key, count_at, counts_ = self._buffer.take(data, 2, torch.int64)
-        normal = _HALF_NORMAL_BITS.get(data.dtype) if data.dtype == self._fmt.dtype else None
-        if normal is not None:
-            # A 16-bit float's magnitude bits: 0 for +-0, below the smallest normal's bits for
-            # a subnormal. Integer kernels count them 2.5x faster than float ones; the zeros
-            # and subnormals are counted together, the zeros subtracted at the read.
+        shift = _HALF_MANTISSA_BITS.get(data.dtype) if data.dtype == self._fmt.dtype else None
+        if shift is not None:
+            # A 16-bit float's magnitude bits: 0 for +-0; a zero exponent field for a
+            # subnormal. Integer kernels count them 2.5x faster than float ones: the nonzero
+            # values, and those with an exponent (normal, inf or NaN); tiny is the difference.
             bits = _magnitude_bits(sample)
             counts_[count_at].copy_(torch.count_nonzero(bits))
-            counts_[count_at + 1].copy_(torch.count_nonzero(bits.lt(normal)))
+            counts_[count_at + 1].copy_(torch.count_nonzero(bits.bitwise_right_shift(shift)))
             return key, at, (count_key, count_at, True)
         counts_[count_at].copy_(torch.count_nonzero(sample))
         magnitude = sample.abs()
@@ -268,8 +269,8 @@ class StatsQueue:
                 values = host[where[0]]
                 nonzero, tiny_count = int(values[where[1]]), int(values[where[1] + 1])
                 sampled = len(range(0, numel, max(1, numel // SAMPLE)))
-                if where[2]:  # counted with the zeros
-                    tiny_count -= sampled - nonzero
+                if where[2]:  # the second count is of the values with an exponent
+                    tiny_count = nonzero - tiny_count
                 factor = numel / sampled
                 zeros, tiny = scaled(sampled - nonzero, factor), scaled(tiny_count, factor)
             if not (_finite(lo_f) and _finite(hi_f)):
@@ -297,8 +298,9 @@ _Pending = tuple[
 are in the buffer."""
 
 
-_HALF_NORMAL_BITS = {torch.float16: 0x0400, torch.bfloat16: 0x0080}
-"""The bits of the smallest normal of the 16-bit float formats, sign bit cleared."""
+_HALF_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
+"""The mantissa width of the 16-bit float formats: their magnitude bits shifted right by it
+leave the exponent field, 0 for zeros and subnormals."""
 
 
 def _magnitude_bits(t: torch.Tensor) -> torch.Tensor:
