@@ -1,9 +1,12 @@
 """What a whole ``nan-hunter scan`` costs as a user runs it: the CLI process with its scan process
-(``nan_hunter.isolation``), against the same scan in-process (``NAN_HUNTER_IN_PROCESS=1``) and,
-with ``--baseline DIR``, against the CLI of another checkout (before/after), interleaved, wall
-time of the CLI process.
+(``nan_hunter.isolation``), against the same scan in-process (``NAN_HUNTER_IN_PROCESS=1``),
+against a plain FP32 forward + backward process of the same model file (``fp32``: import torch,
+build the model and batch, one step with the scan's default loss), and, with ``--baseline DIR``,
+against the CLI of another checkout (before/after), interleaved, wall and CPU time of the
+processes.
 
     python benchmarks/isolation_cost.py [--runs 7] [--model examples/matrix_inverse.py]
+    python benchmarks/isolation_cost.py --model benchmarks/transformer_model.py --threads 1
     python benchmarks/isolation_cost.py --baseline /tmp/base   # a checkout's nan_hunter/ + configs/
 
 Prints every run and the ratios of the medians. Every variant runs from a temporary working
@@ -26,6 +29,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+PLAIN_STEP = """
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("model_file", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.path.insert(0, sys.argv[2])
+spec.loader.exec_module(module)
+model, batch = module.build_model(), module.sample_batch()
+out = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+leaves = out if isinstance(out, (tuple, list)) else (out,)
+loss = torch.stack([t.float().mean() for t in leaves if torch.is_tensor(t)]).sum()
+torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+"""
+"""A user's plain FP32 step of a model file, as a process of its own."""
+
 
 def run_once(model: Path, variant: str, baseline: Path | None, cwd: str) -> tuple[float, float]:
     """Wall seconds of the whole CLI process, and CPU seconds of it and its scan process."""
@@ -35,12 +52,14 @@ def run_once(model: Path, variant: str, baseline: Path | None, cwd: str) -> tupl
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package), env.get("PYTHONPATH")]))
     if variant == "in-process":
         env["NAN_HUNTER_IN_PROCESS"] = "1"
-    boot = [sys.executable, "-c", "from nan_hunter.cli import main; main()"]
+    if variant == "fp32":
+        command = [sys.executable, "-c", PLAIN_STEP, str(model), str(model.parent)]
+    else:
+        boot = [sys.executable, "-c", "from nan_hunter.cli import main; main()"]
+        command = [*boot, "scan", str(model), "--format", "json"]
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(
-        [*boot, "scan", str(model), "--format", "json"], env=env, capture_output=True, cwd=cwd
-    )
+    done = subprocess.run(command, env=env, capture_output=True, cwd=cwd)
     seconds = time.perf_counter() - start
     now = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CLI and its scan process
     cpu = (now.ru_utime + now.ru_stime) - (used.ru_utime + used.ru_stime)
@@ -55,12 +74,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--model", default="examples/matrix_inverse.py")
     parser.add_argument("--baseline", type=Path, help="a checkout (nan_hunter/ and configs/)")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process")
     options = parser.parse_args()
+    if options.threads:
+        os.environ["OMP_NUM_THREADS"] = str(options.threads)
     model = (ROOT / options.model).resolve()
     baseline = options.baseline.resolve() if options.baseline else None
     if baseline is not None and not (baseline / "nan_hunter").is_dir():
         raise SystemExit(f"--baseline: no nan_hunter package in {baseline}")
-    variants = ["in-process", "child", *(["base"] if baseline else [])]
+    variants = ["fp32", "in-process", "child", *(["base"] if baseline else [])]
     times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="nh-isolation-") as cwd:
         for variant in variants:
@@ -76,6 +98,7 @@ def main() -> None:
         median = {v: statistics.median(t[k] for t in times[v]) for v in variants}
         line = ", ".join(f"{v} {median[v]:.2f} s" for v in variants)
         ratios = f"child/in-process {median['child'] / median['in-process']:.2f}"
+        ratios += f", child/fp32 {median['child'] / median['fp32']:.2f}"
         if baseline is not None:
             ratios += f", child/base {median['child'] / median['base']:.2f}"
         print(f"{what}: median {line}; {ratios}")

@@ -1,0 +1,22 @@
+"""The benchmark transformer of ``models.py`` as a model file, for whole-process measurements:
+``nan-hunter scan benchmarks/transformer_model.py`` against a plain FP32 step of the same file
+(``isolation_cost.py --model benchmarks/transformer_model.py``)."""
+
+from __future__ import annotations
+
+import torch
+from models import BUILDERS
+
+_built: dict[str, torch.Tensor] = {}
+
+
+def build_model() -> torch.nn.Module:
+    model, batch = BUILDERS["transformer"](False)
+    _built["batch"] = batch
+    return model
+
+
+def sample_batch() -> torch.Tensor:
+    if "batch" not in _built:
+        build_model()
+    return _built["batch"]
