@@ -230,10 +230,10 @@ def test_format_number_just_below_ten_thousand() -> None:
     assert format_number(9999.7) == "1.00e+04"
 
 
-def test_zeros_and_tiny_are_exact_up_to_twice_the_sample_and_estimated_on_it_beyond() -> None:
-    """Beyond ``2 * SAMPLE`` values both counts come from the same strided sample (one pass
-    over a large activation instead of three), scaled to the whole tensor; below, every value
-    is counted. The batched queue and the eager path agree on both."""
+def test_zeros_are_exact_and_tiny_values_estimated_on_the_sample_beyond_twice_its_size() -> None:
+    """Zeros are counted over every value (a flush or a divisor's 0 in a column the strided
+    sample never visits still counts); tiny values up to ``2 * SAMPLE`` values too, beyond that
+    on the sample, scaled to the whole tensor. The batched queue and the eager path agree."""
     from nan_hunter.trace import deferred
     from nan_hunter.trace.stats import SAMPLE
 
@@ -246,12 +246,13 @@ def test_zeros_and_tiny_are_exact_up_to_twice_the_sample_and_estimated_on_it_bey
 
     n = 4 * SAMPLE + 4  # step 4: the sample is every 4th value, 65537 of them
     big = torch.ones(n)
-    big[0::8] = 0.0  # half the sample, an eighth of the tensor: the sample's share is scaled
-    big[2::4] = 1e-6  # never sampled
-    big = big.half()
-    stats = tensor_stats(big)
-    sampled = len(range(0, n, 4))
-    assert stats.zeros == round(len(range(0, n, 8)) * n / sampled)
-    assert stats.tiny == 0
-    queue = deferred.StatsQueue(FP16)
-    assert queue.stats(queue.add(big, True)) == stats
+    big[1::8] = 0.0  # never sampled, all counted
+    big[2::4] = 1e-6  # never sampled: no tiny value seen
+    big[4::16] = -1e-6  # a quarter of the sample: scaled to the whole tensor
+    for tensor in (big, big.half()):
+        stats = tensor_stats(tensor)
+        sampled = len(range(0, n, 4))
+        assert stats.zeros == len(range(1, n, 8))
+        assert stats.tiny == round(len(range(4, n, 16)) * n / sampled)
+        queue = deferred.StatsQueue(FP16)
+        assert queue.stats(queue.add(tensor, True)) == stats

@@ -233,9 +233,9 @@ class StatsQueue:
 
     def _reduce(self, t: torch.Tensor, counts: bool) -> tuple[Any, int, Any]:
         """Writes ``t``'s extremes (and nonzero and tiny counts) into the result buffer;
-        returns where: (key, index of min and max, (key, index of the counts, whether the
-        second count is of the values with an exponent rather than of the tiny ones) or
-        None)."""
+        returns where: (key, index of min and max, (key, index of the three counts: the
+        nonzero values, the sample's nonzero values (16-bit only, when sampled), the sample's
+        tiny values or, 16-bit, those with an exponent; whether 16-bit) or None)."""
         data = t.detach()
         if data.element_size() == 1:  # float8: no aminmax kernel; FP32 holds it exactly
             data = data.float()
@@ -243,21 +243,27 @@ class StatsQueue:
         torch.aminmax(data, out=(views[at], views[at + 1]))
         if not counts:
             return key, at, None
-        sample, _ = sample_of(data.reshape(-1))
-        count_key, count_at, counts_ = self._buffer.take(data, 2, torch.int64)
+        flat = data.reshape(-1)
+        count_key, count_at, counts_ = self._buffer.take(data, 3, torch.int64)
         shift = _HALF_MANTISSA_BITS.get(data.dtype) if data.dtype == self._fmt.dtype else None
         if shift is not None:
             # A 16-bit float's magnitude bits: 0 for +-0; a zero exponent field for a
             # subnormal. Integer kernels count them 2.5x faster than float ones: the nonzero
-            # values, and those with an exponent (normal, inf or NaN); tiny is the difference.
-            bits = _magnitude_bits(sample)
+            # values (all of them), the sample's nonzero ones and those with an exponent
+            # (normal, inf or NaN); the sample's tiny ones are the difference.
+            bits = _magnitude_bits(flat)
+            sample, _ = sample_of(bits)
             counts_[count_at].copy_(torch.count_nonzero(bits))
-            counts_[count_at + 1].copy_(torch.count_nonzero(bits.bitwise_right_shift(shift)))
+            if sample is not bits:
+                counts_[count_at + 1].copy_(torch.count_nonzero(sample))
+            exponent = sample.bitwise_right_shift(shift)
+            counts_[count_at + 2].copy_(torch.count_nonzero(exponent))
             return key, at, (count_key, count_at, True)
-        counts_[count_at].copy_(torch.count_nonzero(sample))
+        sample, _ = sample_of(flat)
+        counts_[count_at].copy_(torch.count_nonzero(flat))
         magnitude = sample.abs()
         tiny = (magnitude < self._fmt.smallest_normal) & (magnitude > 0)
-        counts_[count_at + 1].copy_(torch.count_nonzero(tiny))
+        counts_[count_at + 2].copy_(torch.count_nonzero(tiny))
         return key, at, (count_key, count_at, False)
 
     def _summarise(self, pending: list[_Pending], host: dict[Any, list[float]]) -> None:
@@ -266,13 +272,14 @@ class StatsQueue:
             lo_f, hi_f = host[key][at], host[key][at + 1]
             zeros = tiny = None
             if where is not None:
-                values = host[where[0]]
-                nonzero, tiny_count = int(values[where[1]]), int(values[where[1] + 1])
+                values, first = host[where[0]], where[1]
+                nonzero, tiny_count = int(values[first]), int(values[first + 2])
                 sampled = len(range(0, numel, max(1, numel // SAMPLE)))
-                if where[2]:  # the second count is of the values with an exponent
-                    tiny_count = nonzero - tiny_count
-                factor = numel / sampled
-                zeros, tiny = scaled(sampled - nonzero, factor), scaled(tiny_count, factor)
+                if where[2]:  # 16-bit: the sample's nonzero values minus those with an exponent
+                    tiny_count = (int(values[first + 1]) if sampled < numel else nonzero) - (
+                        tiny_count
+                    )
+                zeros, tiny = numel - nonzero, scaled(tiny_count, numel / sampled)
             if not (_finite(lo_f) and _finite(hi_f)):
                 # NaN or inf: the detailed statistics, from the tensor itself (unchanged).
                 if held is None or version_of(held) != version:

@@ -27,14 +27,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 SAMPLE = 65536
-"""``zeros`` and ``tiny`` are counted exactly up to this many values, and estimated beyond from
-an evenly strided sample of this size (``sample_of``): what they feed are shares, and a count
-over all values would take two more passes over every large activation."""
+"""``tiny`` is counted exactly up to ``2 * SAMPLE`` values, and estimated beyond from an evenly
+strided sample of this size (``sample_of``): a share is all it feeds. ``zeros`` are always
+counted exactly: a flush to 0 or a divisor's 0 can sit in one column that a strided sample never
+visits, and findings name them."""
 
 
 def sample_of(flat: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """The evenly strided sample of a flat tensor that ``zeros`` and ``tiny`` are counted on, and
-    the factor that scales a count over it to the whole tensor (1.0: all values)."""
+    """The evenly strided sample of a flat tensor that ``tiny`` is counted on, and the factor
+    that scales a count over it to the whole tensor (1.0: all values)."""
     n = flat.numel()
     step = max(1, n // SAMPLE)
     if step == 1:
@@ -82,8 +83,9 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16, *, counts: bool = Tru
         lo_f, hi_f = float(lo), float(hi)
     zeros = tiny = None
     if counts:
-        sample, factor = sample_of(finite_vals.reshape(-1))
-        zeros = scaled(sample.numel() - int(torch.count_nonzero(sample)), factor)
+        flat = finite_vals.reshape(-1)
+        zeros = flat.numel() - int(torch.count_nonzero(flat))
+        sample, factor = sample_of(flat)
         magnitude = sample.abs()
         tiny_mask = (magnitude < fmt.smallest_normal) & (magnitude > 0)
         tiny = scaled(int(torch.count_nonzero(tiny_mask)), factor)

@@ -24,12 +24,11 @@ class TensorStats:
     max: float | None = None
     abs_max: float | None = None
     zeros: int | None = 0
-    """Zeros (None: not counted, as for FP32 results in the low-precision pass); like ``tiny``,
-    exact up to ``2 * SAMPLE`` values and estimated beyond from a strided sample of ``SAMPLE``
-    values (``trace.stats.sample_of``)."""
+    """Exact zeros (None: not counted, as for FP32 results in the low-precision pass)."""
     tiny: int | None = 0
-    """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5); counted
-    like ``zeros`` (None: not counted)."""
+    """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5); exact up to
+    ``2 * SAMPLE`` values, estimated beyond from a strided sample of ``SAMPLE`` values
+    (``trace.stats.sample_of``; None: not counted)."""
 
     @property
     def nonfinite(self) -> int:
