@@ -20,7 +20,7 @@ from nan_hunter._nest import output_leaves
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
-from nan_hunter.precision.gradients import GradientLog, GradRecord
+from nan_hunter.precision.gradients import GradientLog, GradRecord, UnmeasuredGradient
 from nan_hunter.precision.heap import trim_heap
 from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
@@ -260,6 +260,8 @@ class PassRunner:
         self._backward, self._half, self._count_all = backward, half, count_all
         self._retain_bytes = RETAIN_BYTES if retain_bytes is None else retain_bytes
         self._forward: _TracedForward | None = None
+        self._every_histogram = False
+        """Measure every gradient of a parameter's size (once one was rounded out of sight)."""
         self.forwards = 0
         """Forwards run so far (for tests and benchmarks)."""
 
@@ -285,6 +287,10 @@ class PassRunner:
         if forward is not None and forward.reusable:
             try:
                 return forward.backward(scale, gradients, retain=True, events=events)
+            except UnmeasuredGradient:
+                self._every_histogram = True  # the whole pass again, every gradient measured
+                if gradients is not None:
+                    gradients.reset()
             except (UserCodeError, StaleStatistics):
                 # A second backward the graph does not support (a custom autograd.Function
                 # that frees what its backward needs, an error the model raises only on a
@@ -294,22 +300,33 @@ class PassRunner:
                 self._retain_bytes = -1
                 if gradients is not None:
                     gradients.reset()
-        self.close()
         rng = _rng_state()
-        try:
-            with fewer_collections():
-                return self._whole(scale, gradients, None, events)
-        except StaleStatistics:
-            # The model wrote to a waiting tensor out of sight: again, every tensor read back
-            # as it is seen, from the same RNG state.
+        depth: int | None = None
+        while True:
             self.close()
-            torch.random.set_rng_state(rng[0])
+            try:
+                with fewer_collections():
+                    return self._whole(scale, gradients, depth, events)
+            except UnmeasuredGradient:
+                # A parameter's gradient was rounded where no parameter was in sight: again,
+                # with every gradient of a parameter's size measured (for the passes after
+                # this one too).
+                if self._every_histogram:
+                    raise
+                self._every_histogram = True
+                reset_depth = None
+            except StaleStatistics:
+                # The model wrote to a waiting tensor out of sight: again, every tensor read
+                # back as it is seen.
+                if depth == 0:
+                    raise
+                depth, reset_depth = 0, 1
+            self.close()
+            torch.random.set_rng_state(rng[0])  # from the same RNG state
             if rng[1] is not None:
                 torch.cuda.set_rng_state_all(rng[1])
             if gradients is not None:
-                gradients.reset(depth=1)
-            with fewer_collections():
-                return self._whole(scale, gradients, 0, events)
+                gradients.reset(depth=reset_depth)
 
     def _whole(
         self, scale: float, gradients: GradientLog | None, depth: int | None, events: bool
@@ -319,7 +336,7 @@ class PassRunner:
             forward = _TracedForward(
                 self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
                 half=self._half, count_all=self._count_all, depth=depth,
-                backward=self._backward,
+                backward=self._backward, every_histogram=self._every_histogram,
             )  # fmt: skip
             self._forward = forward
             self.forwards += 1
@@ -346,11 +363,13 @@ class _TracedForward:
         count_all: bool,
         depth: int | None,
         backward: bool,
+        every_histogram: bool = False,
     ) -> None:
         from nan_hunter.trace.tracer import OpTracer
 
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._numerics, self._half, self._backward = numerics, half, backward
+        self._every_histogram = every_histogram
         self._state = ModelState(model)
         self._modules = ModuleTracker(
             model, on_output=lambda output: self._tracer.mark_escaped(output)
@@ -411,7 +430,7 @@ class _TracedForward:
                 self._trimmed = trim_heap()
             scaled = loss * scale if scale != 1.0 else loss
             if gradients is not None:
-                gradients.watch(params)
+                gradients.watch(params, every=self._every_histogram)
             hooks = tracer.backward_hooks() if events else contextlib.nullcontext()
             with modules, self._numerics(gradients), hooks, _user_errors(modules, "backward"):
                 grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
@@ -500,7 +519,7 @@ def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
     """Re-raise an exception from the user's code with its frame and the modules executed."""
     try:
         yield
-    except (UserCodeError, StaleStatistics):
+    except (UserCodeError, StaleStatistics, UnmeasuredGradient):
         raise
     except Exception as exc:
         frame = _last_user_frame(exc)

@@ -69,6 +69,11 @@ class Boundary:
     record: GradRecord
 
 
+class UnmeasuredGradient(RuntimeError):
+    """A parameter's gradient was rounded where no parameter was in sight, without its
+    histogram: the pass must run again with every gradient of a parameter's size measured."""
+
+
 class GradientLog:
     """Filled by the FP16 emulation while a backward runs.
 
@@ -127,16 +132,16 @@ class GradientLog:
         self.flush()
         return _Resolved(self)
 
-    def watch(self, params: list[torch.Tensor]) -> None:
+    def watch(self, params: list[torch.Tensor], *, every: bool = False) -> None:
         """Only a gradient that can end up as one of ``params``' gradients gets a histogram
         (the rest only update the maximum): one with as many values as a parameter, rounded by
-        an autograd node that feeds a parameter through casts and views only
-        (``_feeds_parameter``). A parameter's gradient rounded elsewhere (by a custom function
-        that passes its gradient on unchanged) has none: ``records_of`` then raises
-        ``StaleStatistics``, and the pass runs again with every gradient of a parameter's size
-        measured."""
+        an autograd node that feeds a parameter through casts, views and custom functions only
+        (``_feeds_parameter``), or, with ``every``, any with as many values as a parameter. A
+        parameter's gradient rounded elsewhere (``w * 1.0`` hands its gradient on unchanged)
+        has none: ``records_of`` then raises ``UnmeasuredGradient``, and the pass runs again
+        with ``every``."""
         self._sizes = {p.numel() for p in params}
-        self._params = {id(p) for p in params}
+        self._params = None if every else {id(p) for p in params}
 
     def _wants_histogram(self, rounded: torch.Tensor) -> bool:
         if self._sizes is None:
@@ -220,7 +225,7 @@ class GradientLog:
         self.flush()
         slots = [self._records.get(t) if t is not None else None for t in tensors]
         if any(s is not None and s.value is _SKIPPED for s in slots):
-            raise StaleStatistics("a parameter's gradient was rounded out of a parameter's sight")
+            raise UnmeasuredGradient("a parameter's gradient was rounded out of its sight")
         return self._resolve(slots)
 
     @property
@@ -385,31 +390,38 @@ _PASS_THROUGH = frozenset(
     {
         "ToCopyBackward", "TBackward", "TransposeBackward", "PermuteBackward", "ViewBackward",
         "UnsafeViewBackward", "ReshapeAliasBackward", "AliasBackward", "SqueezeBackward",
-        "UnsqueezeBackward", "CloneBackward", "DetachBackward", "PyNode",
-        "BackwardHookFunctionBackward",
+        "UnsqueezeBackward", "CloneBackward", "DetachBackward", "BackwardHookFunctionBackward",
     }
 )  # fmt: skip
 """Nodes that hand the gradient on as it is (cast, viewed or copied, the values unchanged); a
-custom ``autograd.Function`` (``PyNode``) is counted among them, as it may."""
+custom ``autograd.Function``'s node (``<Name>Backward``, a ``BackwardCFunction``) is counted
+among them, as it may."""
+
+_CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
 
 
 def _feeds_parameter(node: object, params: set[int], depth: int = 8) -> bool:
     """Whether a gradient ``node`` produces can reach a watched parameter's ``AccumulateGrad``
     unchanged: through ``_PASS_THROUGH`` nodes only (any other node computes a new gradient,
-    which is rounded, and measured, where that node runs)."""
-    for fn, _ in getattr(node, "next_functions", ()):
-        if fn is None:
-            continue
-        name = type(fn).__name__
-        if name == "AccumulateGrad":
-            if id(getattr(fn, "variable", None)) in params:
-                return True
-        elif (
-            depth
-            and name.rstrip("0123456789") in _PASS_THROUGH
-            and _feeds_parameter(fn, params, depth - 1)
-        ):
-            return True
+    which is rounded, and measured, where that node runs), at most ``depth`` of them. Breadth
+    first, each node once: a multi-input node (a hooked module's) is listed once per input."""
+    frontier, seen = [node], set()
+    for level in range(depth + 1):
+        following = []
+        for current in frontier:
+            for fn, _ in getattr(current, "next_functions", ()):
+                if fn is None or fn in seen:
+                    continue
+                seen.add(fn)
+                name = type(fn).__name__
+                if name == "AccumulateGrad":
+                    if id(getattr(fn, "variable", None)) in params:
+                        return True
+                elif level < depth and (
+                    name.rstrip("0123456789") in _PASS_THROUGH or isinstance(fn, _CUSTOM_FUNCTION)
+                ):
+                    following.append(fn)
+        frontier = following
     return False
 
 

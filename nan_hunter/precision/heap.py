@@ -14,17 +14,17 @@ time. Elsewhere than on glibc (macOS, musl) it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from collections.abc import Callable
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` from the symbols already loaded in this process (no library
+    search, which would start ``ldconfig``); None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
     trim.argtypes = [ctypes.c_size_t]
