@@ -285,7 +285,9 @@ class _Mixer(nn.Module):
         return self.outer(mixed)
 
 
-def _low_pass(model: nn.Module, log: GradientLog) -> tuple[dict[str, object], int]:
+def _low_pass(
+    model: nn.Module, log: GradientLog, mode: str = "autocast"
+) -> tuple[dict[str, object], int]:
     """The per-parameter records of one emulated FP16 pass, and how many forwards it took."""
     from nan_hunter import runner
     from nan_hunter.batch import Batch
@@ -293,10 +295,10 @@ def _low_pass(model: nn.Module, log: GradientLog) -> tuple[dict[str, object], in
 
     torch.manual_seed(1)
     batch = torch.randn(16, 16) * 1e-3  # activations and their gradients: 16 x 16 too
-    plan = PrecisionPlan(mode="autocast", policy="cuda", device="cpu", fmt=FP16, emulate=True)
+    plan = PrecisionPlan(mode=mode, policy="cuda", device="cpu", fmt=FP16, emulate=True)
     with runner.PassRunner(
         model, lambda: Batch((batch,), {}, batch), None, FP16, plan.low_precision,
-        plan.numerics, backward=True,
+        plan.numerics, backward=True, half=mode == "half",
     ) as passes:  # fmt: skip
         return dict(passes.run(1.0, log).param_grads), passes.forwards
 
@@ -332,15 +334,22 @@ def test_only_gradients_rounded_where_a_parameter_is_fed_get_a_histogram(
 
 
 def test_a_parameter_gradient_rounded_out_of_sight_reruns_the_pass_with_every_histogram() -> None:
-    """``weight + 0.0`` hands its gradient to the parameter unchanged through an ``AddBackward``
-    node, which ``_feeds_parameter`` does not look through: the matmul that rounded it skipped
-    the histogram, the parameter's record is asked for, and the pass runs again measuring every
-    gradient of a parameter's size. The records are those of the careful log."""
+    """In half mode ``weight + 0.0`` is an FP16 add whose ``AddBackward`` hands the gradient to
+    the parameter unchanged, a node ``_feeds_parameter`` does not look through: the matmul that
+    rounded it skipped the histogram, the parameter's record is asked for, and the pass runs
+    again measuring every gradient of a parameter's size (its statistics still batched). The
+    records are those of the careful log. Under autocast the add runs in FP32, whose backward
+    hands records on, and nothing runs again."""
     torch.manual_seed(0)
     model = _Mixer(through_add=True)
-    careful, _ = _low_pass(model, GradientLog(FP16, depth=1))
+    careful, _ = _low_pass(model, GradientLog(FP16, depth=1), "half")
     log = GradientLog(FP16)
-    records, forwards = _low_pass(model, log)
+    records, forwards = _low_pass(model, log, "half")
     assert forwards == 2
     assert records == careful and "outer.weight" in records
     assert log._depth > 1  # still read back in batches: only the histograms changed
+
+    careful, _ = _low_pass(model, GradientLog(FP16, depth=1))
+    records, forwards = _low_pass(model, GradientLog(FP16))
+    assert forwards == 1
+    assert records == careful and "outer.weight" in records

@@ -51,13 +51,14 @@ def test_each_node_is_walked_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = 0
     walk = gradients._feeds_parameter
 
-    def counted(node: object, params: set[int], depth: int = 8) -> bool:
+    def counted(node: object, params: set[int], low: torch.dtype, depth: int = 8) -> bool:
         nonlocal calls
         calls += 1
-        return walk(node, params, depth)
+        return walk(node, params, low, depth)
 
     monkeypatch.setattr(gradients, "_feeds_parameter", counted)
     # ``source.weight`` lies behind the products (not pass-through): not fed, the walk is whole.
-    assert not gradients._feeds_parameter(innermost.node, {id(source.weight)})
+    # The graph is FP32, named the low dtype here: no node hands a record on for its dtype.
+    assert not gradients._feeds_parameter(innermost.node, {id(source.weight)}, torch.float32)
     nodes = 2 + 9 * 4  # the hook nodes and what they lead to, generously
     assert calls <= nodes, calls

@@ -151,7 +151,7 @@ class GradientLog:
         if self._depth == 1 or self._params is None or _current_node is None:
             return True
         node = _current_node()
-        return node is None or _feeds_parameter(node, self._params)
+        return node is None or _feeds_parameter(node, self._params, self._fmt.dtype)
 
     def record(self, exact: torch.Tensor, rounded: torch.Tensor, *, boundary: bool = False) -> None:
         """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result.
@@ -400,11 +400,14 @@ among them, as it may."""
 _CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
 
 
-def _feeds_parameter(node: object, params: set[int], depth: int = 8) -> bool:
+def _feeds_parameter(node: object, params: set[int], low: torch.dtype, depth: int = 8) -> bool:
     """Whether a gradient ``node`` produces can reach a watched parameter's ``AccumulateGrad``
-    unchanged: through ``_PASS_THROUGH`` nodes only (any other node computes a new gradient,
-    which is rounded, and measured, where that node runs), at most ``depth`` of them. Breadth
-    first, each node once: a multi-input node (a hooked module's) is listed once per input."""
+    unchanged, at most ``depth`` nodes on: through ``_PASS_THROUGH`` nodes, custom functions,
+    and nodes whose gradients are not in the ``low`` dtype (an FP32 op's backward is not
+    emulated, and its result keeps the record of the gradient it was computed from: ``w * 1.0``
+    under autocast). Any other node computes a new gradient, rounded, and measured, where that
+    node runs. Breadth first, each node once: a multi-input node (a hooked module's) is listed
+    once per input."""
     frontier, seen = [node], set()
     for level in range(depth + 1):
         following = []
@@ -417,9 +420,7 @@ def _feeds_parameter(node: object, params: set[int], depth: int = 8) -> bool:
                 if name == "AccumulateGrad":
                     if id(getattr(fn, "variable", None)) in params:
                         return True
-                elif level < depth and (
-                    name.rstrip("0123456789") in _PASS_THROUGH or isinstance(fn, _CUSTOM_FUNCTION)
-                ):
+                elif level < depth and _hands_on(fn, name, low):
                     following.append(fn)
         frontier = following
     return False
@@ -449,6 +450,14 @@ class _Resolved:
         if record is None:
             raise KeyError(key)
         return record
+
+
+def _hands_on(node: object, name: str, low: torch.dtype) -> bool:
+    """Whether ``node`` may hand a rounded gradient's record on (see ``_feeds_parameter``)."""
+    if name.rstrip("0123456789") in _PASS_THROUGH or isinstance(node, _CUSTOM_FUNCTION):
+        return True
+    metadata = getattr(node, "_input_metadata", None)  # torch >= 2.1
+    return bool(metadata) and all(m.dtype != low for m in metadata)
 
 
 _BIASED = 256
