@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -44,8 +43,12 @@ torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], al
 """A user's plain FP32 step of a model file, as a process of its own."""
 
 
-def run_once(model: Path, variant: str, baseline: Path | None, cwd: str) -> tuple[float, float]:
-    """Wall seconds of the whole CLI process, and CPU seconds of it and its scan process."""
+def run_once(
+    model: Path, variant: str, baseline: Path | None, cwd: str
+) -> tuple[float, float, float]:
+    """Wall seconds of the whole process, CPU seconds of it and its scan process, and the
+    peak resident memory (MiB) of the largest of them (``wait4``: the process and the
+    children it waited for)."""
     env = {**os.environ}
     env.pop("NAN_HUNTER_IN_PROCESS", None)
     package = baseline if variant == "base" else ROOT
@@ -57,16 +60,19 @@ def run_once(model: Path, variant: str, baseline: Path | None, cwd: str) -> tupl
     else:
         boot = [sys.executable, "-c", "from nan_hunter.cli import main; main()"]
         command = [*boot, "scan", str(model), "--format", "json"]
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, cwd=cwd)
-    seconds = time.perf_counter() - start
-    now = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CLI and its scan process
-    cpu = (now.ru_utime + now.ru_stime) - (used.ru_utime + used.ru_stime)
-    if done.returncode not in (0, 1):
-        tail = done.stderr.decode()[-500:]
-        raise SystemExit(f"{variant}: scan failed ({done.returncode}): {tail}")
-    return seconds, cpu
+    with tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(
+            command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode not in (0, 1):
+            err.seek(0)
+            tail = err.read().decode()[-500:]
+            raise SystemExit(f"{variant}: scan failed ({process.returncode}): {tail}")
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def main() -> None:
@@ -83,7 +89,7 @@ def main() -> None:
     if baseline is not None and not (baseline / "nan_hunter").is_dir():
         raise SystemExit(f"--baseline: no nan_hunter package in {baseline}")
     variants = ["fp32", "in-process", "child", *(["base"] if baseline else [])]
-    times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    times: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="nh-isolation-") as cwd:
         for variant in variants:
             run_once(model, variant, baseline, cwd)  # warm the file cache
@@ -92,11 +98,12 @@ def main() -> None:
             for variant in order:
                 times[variant].append(run_once(model, variant, baseline, cwd))
             print(f"run {i + 1}: " + ", ".join(
-                f"{v} {times[v][-1][0]:.2f} s (cpu {times[v][-1][1]:.2f} s)" for v in variants
+                f"{v} {times[v][-1][0]:.2f} s (cpu {times[v][-1][1]:.2f} s, "
+                f"peak {times[v][-1][2]:.0f} MiB)" for v in variants
             ), flush=True)  # fmt: skip
-    for k, what in ((0, "wall"), (1, "cpu")):
+    for k, what, unit in ((0, "wall", "s"), (1, "cpu", "s"), (2, "peak RSS", "MiB")):
         median = {v: statistics.median(t[k] for t in times[v]) for v in variants}
-        line = ", ".join(f"{v} {median[v]:.2f} s" for v in variants)
+        line = ", ".join(f"{v} {median[v]:.2f} {unit}" for v in variants)
         ratios = f"child/in-process {median['child'] / median['in-process']:.2f}"
         ratios += f", child/fp32 {median['child'] / median['fp32']:.2f}"
         if baseline is not None:
