@@ -53,16 +53,14 @@ def backward_origins(result: PassResult) -> list[GradEvent]:
     """
     found = []
     damaged = False
+    events = result.events
     for g in result.grad_events:
-        forward = result.events[g.forward_index]
-        incoming_finite = all(s.finite for s in g.incoming)
-        produced_finite = all(s.finite for s in g.produced)
-        if forward.inputs_finite and forward.outputs_finite and not damaged and (
-            g.is_origin or not incoming_finite
-        ):
-            found.append(g)
-        if not (incoming_finite and produced_finite):
-            damaged = True
+        if g.incoming_finite and g.produced_finite:
+            continue  # neither an origin nor damage
+        forward = events[g.forward_index]
+        if not damaged and forward.inputs_finite and forward.outputs_finite:
+            found.append(g)  # an origin, or the first node damage reaches from outside
+        damaged = True
     return found
 
 

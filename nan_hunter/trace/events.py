@@ -61,9 +61,17 @@ class GradEvent:
     incoming: tuple[TensorStats, ...]
     produced: tuple[TensorStats, ...]
 
+    @cached_property
+    def incoming_finite(self) -> bool:
+        return all(s.finite for s in self.incoming)
+
+    @cached_property
+    def produced_finite(self) -> bool:
+        return all(s.finite for s in self.produced)
+
     @property
     def is_origin(self) -> bool:
-        return all(s.finite for s in self.incoming) and not all(s.finite for s in self.produced)
+        return self.incoming_finite and not self.produced_finite
 
 
 @dataclass(frozen=True)
