@@ -64,3 +64,45 @@ def test_trimming_returns_freed_heap_pages_to_the_system() -> None:
     assert heap.trim_heap() is True
     assert resident_mib() < before - 32
     del blocks
+
+
+def test_the_trimmer_trims_each_time_its_bytes_add_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(heap, "_malloc_trim", lambda pad: calls.append(pad) or 1)
+    trimmer = heap.HeapTrimmer(100)
+    for _ in range(9):
+        trimmer.freed(30)  # 270 bytes: two thresholds crossed
+    assert trimmer.trims == 2 and calls == [0, 0]
+
+
+def test_the_emulated_backward_trims_as_its_temporaries_add_up_and_the_forward_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Paced by the FP32 temporaries of the emulated backward: with a threshold of one byte,
+    every emulated backward op trims; the forward's ops never do (its holes go at once, in
+    the one trim before the backward)."""
+    from nan_hunter.precision import emulation
+
+    phases: list[str] = []
+    monkeypatch.setattr(heap, "BACKWARD_TRIM_BYTES", 1)
+    monkeypatch.setattr(
+        heap, "_malloc_trim",
+        lambda pad: phases.append(
+            "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+        ) or 1,
+    )  # fmt: skip
+    monkeypatch.setattr(runner, "trim_heap", lambda: phases.append("before backward") or True)
+    emulated: list[emulation.LowPrecisionEmulation] = []
+    init = emulation.LowPrecisionEmulation.__init__
+
+    def keep(self: emulation.LowPrecisionEmulation, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        emulated.append(self)
+
+    monkeypatch.setattr(emulation.LowPrecisionEmulation, "__init__", keep)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
+    assert scan(model, torch.randn(4, 8)).status == "clean"
+    assert phases[0] == "before backward" and "forward" not in phases
+    backward_trims = sum(m.heap.trims for m in emulated)
+    assert backward_trims == phases.count("backward") >= 4  # two matmuls' worth, at least

@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nan_hunter._nest import call_leaves, map_leaves
+from nan_hunter.precision import heap
 from nan_hunter.precision.gradients import GradientLog
 
 aten = torch.ops.aten
@@ -58,6 +59,8 @@ class LowPrecisionEmulation(TorchDispatchMode):
         self.emulated = 0
         """How many op calls were emulated (for tests and benchmarks)."""
         self._decisions: dict[torch._ops.OpOverload, bool] = {}
+        self.heap = heap.HeapTrimmer(heap.BACKWARD_TRIM_BYTES)
+        """Trims the heap as the backward's FP32 temporaries add up (``precision.heap``)."""
 
     def __torch_dispatch__(
         self,
@@ -67,7 +70,8 @@ class LowPrecisionEmulation(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        log = self.gradients if torch._C._current_graph_task_id() != -1 else None
+        in_backward = torch._C._current_graph_task_id() != -1
+        log = self.gradients if in_backward else None
         flat = _flat(args) and (not kwargs or _flat(kwargs.values()))
         if not self._eligible_op(func) or not (
             _all_low_flat(args, kwargs, self.low) if flat else self._all_low(args, kwargs)
@@ -97,6 +101,8 @@ class LowPrecisionEmulation(TorchDispatchMode):
             up_args, up_kwargs = map_leaves(up, args), map_leaves(up, kwargs)
         self.emulated += 1
         out = func(*up_args, **up_kwargs)
+        if in_backward:  # the upcast copies and the FP32 result are freed on return
+            self.heap.freed(_fp32_bytes(up_args) + _fp32_bytes(out))
         keep = _fp32_outputs(func, args)
 
         def down(x: Any) -> Any:
@@ -150,6 +156,18 @@ def _all_low_flat(args: tuple[Any, ...], kwargs: dict[str, Any], low: torch.dtyp
                     return False
                 seen = True
     return seen
+
+
+def _fp32_bytes(values: Any) -> int:
+    """Bytes of the FP32 tensors in ``values``: a tensor, or a flat tuple or list of values
+    (nested ones are not counted: the count only paces the heap trims)."""
+    if isinstance(values, torch.Tensor):
+        return values.numel() * 4 if values.dtype == torch.float32 else 0
+    if not isinstance(values, (tuple, list)):
+        return 0
+    return sum(
+        x.numel() * 4 for x in values if isinstance(x, torch.Tensor) and x.dtype == torch.float32
+    )
 
 
 def _same_shape_tensors(a: Any, b: Any) -> bool:
