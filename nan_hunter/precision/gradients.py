@@ -20,7 +20,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
-from nan_hunter.trace.stats import SAMPLE
+from nan_hunter.trace.stats import SAMPLE, sample_size
 
 __all__ = [
     "Boundary", "FlushStats", "GradRecord", "GradientLog", "ScaleWindow", "scale_advice",
@@ -248,7 +248,7 @@ class GradientLog:
             for slot, values in zip(waiting, host, strict=True):
                 if isinstance(slot.value, _Row):  # a slot may be listed twice
                     n = slot.value.numel
-                    sampled = len(range(0, n, max(1, n // SAMPLE)))
+                    sampled = sample_size(n)
                     zeros, rounded_zeros = int(values[0]), sampled - int(values[_BIASED + 1])
                     histogram = _exponent_histogram(values[1 : _BIASED + 1])
                     slot.value = self._finish(n, zeros, rounded_zeros, histogram)
@@ -262,14 +262,13 @@ class GradientLog:
         """The record of a gradient of ``n`` values from its sample's counts: ``zeros`` and
         ``rounded_zeros`` of the exact and rounded values, ``histogram`` the exponents (zeros
         already taken out)."""
-        step = max(1, n // SAMPLE)
-        sampled = len(range(0, n, step))
+        sampled = sample_size(n)
         nonzero = sampled - zeros
         limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
         below_normal = sum(histogram[: limit + 1])
         vanished = max(0, rounded_zeros - zeros)
         flush = FlushStats(nonzero, vanished, max(0, below_normal - vanished))
-        if step > 1:  # counts of the whole tensor, estimated
+        if sampled < n:  # counts of the whole tensor, estimated
             scale = n / sampled
             flush = FlushStats(*(round(k * scale) for k in (nonzero, vanished, flush.subnormal)))
         return GradRecord(flush, histogram)

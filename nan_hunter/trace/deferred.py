@@ -22,10 +22,10 @@ import torch
 
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace.stats import (
-    SAMPLE,
     TensorStats,
     dtype_name,
     sample_of,
+    sample_size,
     scaled,
     tensor_stats,
 )
@@ -274,11 +274,10 @@ class StatsQueue:
             if where is not None:
                 values, first = host[where[0]], where[1]
                 nonzero, tiny_count = int(values[first]), int(values[first + 2])
-                sampled = len(range(0, numel, max(1, numel // SAMPLE)))
+                sampled = sample_size(numel)
                 if where[2]:  # 16-bit: the sample's nonzero values minus those with an exponent
-                    tiny_count = (int(values[first + 1]) if sampled < numel else nonzero) - (
-                        tiny_count
-                    )
+                    sample_nonzero = int(values[first + 1]) if sampled < numel else nonzero
+                    tiny_count = sample_nonzero - tiny_count
                 zeros, tiny = numel - nonzero, scaled(tiny_count, numel / sampled)
             if not (_finite(lo_f) and _finite(hi_f)):
                 # NaN or inf: the detailed statistics, from the tensor itself (unchanged).

@@ -16,7 +16,8 @@ from nan_hunter.precision.formats import FP16, FloatFormat
 from nan_hunter.trace.summary import FLOAT_DTYPES, TensorStats, format_number
 
 __all__ = [
-    "SAMPLE", "TensorStats", "dtype_name", "format_number", "sample_of", "scaled", "tensor_stats",
+    "SAMPLE", "TensorStats", "dtype_name", "format_number", "sample_of", "sample_size", "scaled",
+    "tensor_stats",
 ]
 
 _DTYPE_NAMES = {getattr(torch, name): name for name in FLOAT_DTYPES}
@@ -31,6 +32,12 @@ SAMPLE = 65536
 strided sample of this size (``sample_of``): a share is all it feeds. ``zeros`` are always
 counted exactly: a flush to 0 or a divisor's 0 can sit in one column that a strided sample never
 visits, and findings name them."""
+
+
+def sample_size(n: int) -> int:
+    """How many of ``n`` values the sample of ``sample_of`` (and of the gradient histograms)
+    takes: all of them up to ``2 * SAMPLE``."""
+    return len(range(0, n, max(1, n // SAMPLE)))
 
 
 def sample_of(flat: torch.Tensor) -> tuple[torch.Tensor, float]:
