@@ -14,6 +14,8 @@ Left to the real kernels: ops that mutate or alias their inputs (in-place, views
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 import torch
@@ -73,9 +75,10 @@ class LowPrecisionEmulation(TorchDispatchMode):
         in_backward = torch._C._current_graph_task_id() != -1
         log = self.gradients if in_backward else None
         flat = _flat(args) and (not kwargs or _flat(kwargs.values()))
-        if not self._eligible_op(func) or not (
-            _all_low_flat(args, kwargs, self.low) if flat else self._all_low(args, kwargs)
-        ):
+        values = (chain(args, kwargs.values()) if kwargs else args) if flat else (
+            call_leaves(args, kwargs)
+        )
+        if not self._eligible_op(func) or not _all_low(values, self.low):
             out = func(*args, **kwargs)
             if log is not None and args and _same_shape_tensors(args[0], out):
                 if args[0].dtype == torch.float32 and out.dtype == self.low:
@@ -124,14 +127,6 @@ class LowPrecisionEmulation(TorchDispatchMode):
             self._decisions[func] = decision
         return decision
 
-    def _all_low(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        seen = False
-        for x in call_leaves(args, kwargs):
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                if x.dtype != self.low:
-                    return False
-                seen = True
-        return seen
 
 
 _NESTED_OR_DTYPE = (tuple, list, dict, torch.dtype)
@@ -146,15 +141,14 @@ def _flat(values: Any) -> bool:
     return True
 
 
-def _all_low_flat(args: tuple[Any, ...], kwargs: dict[str, Any], low: torch.dtype) -> bool:
-    """``_all_low`` of a call without nesting."""
+def _all_low(values: Iterable[Any], low: torch.dtype) -> bool:
+    """Whether the call's values hold a floating tensor, all of them in ``low``."""
     seen = False
-    for values in (args, kwargs.values()) if kwargs else (args,):
-        for x in values:
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                if x.dtype != low:
-                    return False
-                seen = True
+    for x in values:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            if x.dtype != low:
+                return False
+            seen = True
     return seen
 
 

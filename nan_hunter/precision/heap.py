@@ -54,7 +54,7 @@ class HeapTrimmer:
 
     __slots__ = ("_every", "_since", "trims")
 
-    def __init__(self, every: int = BACKWARD_TRIM_BYTES) -> None:
+    def __init__(self, every: int) -> None:
         self._every = every
         self._since = 0
         self.trims = 0
