@@ -82,6 +82,48 @@ def test_emulation_really_runs_fp32_kernels() -> None:
     assert mode.emulated == 1
 
 
+def test_relabelling_ops_run_on_the_real_kernels() -> None:
+    """``matmul`` of a 3-d tensor flattens with ``_unsafe_view``: only the matmul is emulated,
+    the flattening copies nothing to FP32 and back, and the values are those of FP16."""
+    a = torch.randn(4, 8, 16).half()
+    b = torch.randn(16, 32).half()
+    with LowPrecisionEmulation() as mode:
+        out = a @ b
+        flipped = torch.flip(a, (1,))
+        rolled = torch.roll(a, 3, 2)
+    assert mode.emulated == 1
+    assert torch.equal(out, (a.float() @ b.float()).half())
+    assert torch.equal(flipped, torch.flip(a, (1,))) and torch.equal(rolled, torch.roll(a, 3, 2))
+
+
+def test_a_relabelled_gradient_keeps_its_record() -> None:
+    """A parameter's gradient that leaves its emulated mm through ``_unsafe_view`` keeps the
+    mm's record (inherited, the values are the same): no second record, no lost one."""
+    from nan_hunter.precision.gradients import GradientLog
+
+    class Flatten(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return (w.reshape(16, 16) @ x).sum()
+
+        @staticmethod
+        def backward(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            g = torch.ones(16, 8, dtype=torch.float16) * grad.half()
+            rounded = g @ torch.full((8, 16), 1e-6, dtype=torch.float16)  # emulated: recorded
+            return torch.ops.aten._unsafe_view(rounded, (4, 4, 16)), None
+
+    w = torch.nn.Parameter(torch.randn(4, 4, 16).half())
+    log = GradientLog(FP16)
+    log.watch([w])
+    loss = Flatten.apply(w, torch.randn(16, 8).half())
+    with LowPrecisionEmulation(gradients=log) as mode:
+        (grad,) = torch.autograd.grad(loss, [w])
+    (record,) = log.records_of([grad])
+    assert record is not None
+    assert record.flush.nonzero == 256 and sum(record.histogram) == 256
+    assert mode.emulated == 2  # the backward's mul and mm
+
+
 # --- random op chains near FP16's limits ---------------------------------------------------
 
 Chain = list[tuple[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]]
@@ -204,3 +246,72 @@ def test_the_tolerance_is_at_the_scale_of_the_values() -> None:
     assert _beyond_tolerance(cancelled, real, 3) == 0
     far = torch.tensor([1.0e4 + 4 * 8.0, -0.12268])  # FP16's ulp at 1e4 is 8
     assert _beyond_tolerance(far, real, 3) == 1
+
+
+# --- one FP32 copy per FP16 tensor per autograd node ---------------------------------------
+
+
+def _linear_grads() -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(32, 16).half())
+    b = torch.nn.Parameter(torch.randn(32).half())
+    x = torch.randn(8, 16).half().requires_grad_()
+    out = torch.nn.functional.linear(x, w, b).to(torch.float32).square().sum()
+    with LowPrecisionEmulation():
+        return torch.autograd.grad(out, [x, w, b])
+
+
+def test_a_node_upcasts_its_incoming_gradient_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An addmm's backward reads its incoming FP16 gradient three times (the input's mm, the
+    weight's mm through a transpose, the bias's sum): one FP32 copy serves all three, and the
+    gradients are bit for bit those of a copy per use."""
+    import nan_hunter.precision.emulation as emulation
+
+    fresh = _linear_grads()
+    copies: list[torch.Size] = []
+    real_float = torch.Tensor.float
+
+    def counted(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        copies.append(self.shape)
+        return real_float(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "float", counted)
+    shared = _linear_grads()
+    monkeypatch.setattr(torch.Tensor, "float", real_float)
+    # the incoming gradient (8, 32) once, the weight and the input once each
+    assert sorted(copies) == sorted([torch.Size([8, 32]), torch.Size([32, 16]),
+                                     torch.Size([8, 16])]), copies
+    for a, b in zip(fresh, shared, strict=True):
+        assert torch.equal(a, b)
+
+    monkeypatch.setattr(emulation, "_current_node", lambda: None)  # no node: a copy per use
+    copies.clear()
+    monkeypatch.setattr(torch.Tensor, "float", counted)
+    _linear_grads()
+    monkeypatch.setattr(torch.Tensor, "float", real_float)
+    assert copies.count(torch.Size([8, 32])) + copies.count(torch.Size([32, 8])) == 3
+
+
+def test_a_written_tensor_is_copied_again() -> None:
+    """The key holds the tensor's version: after an in-place write the copy is taken anew; a
+    view that does not cover its storage, and any tensor in a custom Function's backward, is
+    never kept."""
+    from nan_hunter.precision.emulation import _NodeUpcasts
+
+    class Node:  # stands for an autograd node
+        pass
+
+    upcasts = _NodeUpcasts()
+    upcasts.enter(Node())
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).half()
+    assert torch.equal(upcasts.up(x), x.float())
+    assert torch.equal(upcasts.up(x.view(2, 2).t()), x.float().view(2, 2).t())
+    x.add_(1)
+    assert torch.equal(upcasts.up(x), torch.tensor([2.0, 3.0, 4.0, 5.0]))
+    part = x[1:]
+    upcasts.up(part)
+    assert len(upcasts._copies) == 2  # x before and after the write; not the slice
+
+    upcasts.enter(torch.autograd.function.BackwardCFunction())
+    upcasts.up(torch.ones(3).half())
+    assert not upcasts._copies

@@ -41,6 +41,30 @@ _NATIVE = frozenset(
     }
 )  # fmt: skip
 
+_RELABELLING = (
+    "_unsafe_view", "_reshape_copy", "view_copy", "alias_copy", "t_copy", "transpose_copy",
+    "permute_copy", "expand_copy", "squeeze_copy", "unsqueeze_copy", "select_copy",
+    "slice_copy", "narrow_copy", "diagonal_copy", "as_strided_copy", "unfold_copy",
+    "detach_copy", "split_copy", "split_with_sizes_copy", "unbind_copy", "flip", "roll",
+    "rot90", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "take", "masked_select",
+)  # fmt: skip
+"""Ops that return the input's values rearranged, with no alias annotation (so ``_emulable``
+would take them): upcasting to FP32 and rounding back would copy a tensor twice for nothing.
+``reshape`` of a non-contiguous tensor and ``matmul``'s flattening reach ``_unsafe_view``."""
+
+
+def _overloads(names: tuple[str, ...]) -> frozenset[torch._ops.OpOverload]:
+    """Every overload of the named aten ops this torch has."""
+    found = []
+    for name in names:
+        packet = getattr(aten, name, None)
+        if packet is not None:
+            found += [getattr(packet, overload) for overload in packet.overloads()]
+    return frozenset(found)
+
+
+_NATIVE = _NATIVE | _overloads(_RELABELLING)
+
 
 class LowPrecisionEmulation(TorchDispatchMode):
     """Emulate ``low``-dtype (FP16) arithmetic with FP32 kernels and rounding."""
@@ -63,6 +87,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
         self._decisions: dict[torch._ops.OpOverload, bool] = {}
         self.heap = heap.HeapTrimmer(heap.BACKWARD_TRIM_BYTES)
         """Trims the heap as the backward's FP32 temporaries add up (``precision.heap``)."""
+        self._upcasts = _NodeUpcasts()
 
     def __torch_dispatch__(
         self,
@@ -87,9 +112,14 @@ class LowPrecisionEmulation(TorchDispatchMode):
                     log.inherit(args[0], out)  # a transpose or the cast back to FP32
             return out
         low = self.low
+        upcasts = self._upcasts
+        if in_backward:
+            upcasts.enter(_current_node())
 
         def up(x: Any) -> Any:
-            return x.float() if isinstance(x, torch.Tensor) and x.dtype == low else x
+            if not isinstance(x, torch.Tensor) or x.dtype != low:
+                return x
+            return upcasts.up(x) if in_backward else x.float()
 
         if flat:  # most calls: no nesting, no dtype argument
             up_args = tuple([up(x) for x in args])
@@ -120,6 +150,10 @@ class LowPrecisionEmulation(TorchDispatchMode):
             return type(out)(x if i in keep else down(x) for i, x in enumerate(out))
         return map_leaves(down, out)
 
+    def __exit__(self, *exc: object) -> None:
+        self._upcasts.clear()
+        super().__exit__(*exc)
+
     def _eligible_op(self, func: torch._ops.OpOverload) -> bool:
         decision = self._decisions.get(func)
         if decision is None:
@@ -127,6 +161,52 @@ class LowPrecisionEmulation(TorchDispatchMode):
             self._decisions[func] = decision
         return decision
 
+
+
+_current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+class _NodeUpcasts:
+    """The FP32 copies of the FP16 tensors one autograd node's backward reads: an addmm's
+    incoming gradient feeds the input's mm, the weight's mm (transposed) and the bias's sum, and
+    is upcast once, its other views taken from the copy. The copies go when the next node runs.
+
+    A tensor is copied whole only when it covers its storage exactly (offset 0, every element
+    once); its views then index the copy as they index the storage. The FP16 tensor is held
+    with its copy, so that its storage (the key) cannot be freed and reused meanwhile; a write
+    to it changes its version, which is part of the key.
+    """
+
+    __slots__ = ("_copies", "_node")
+
+    def __init__(self) -> None:
+        self._node: object = None
+        self._copies: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def enter(self, node: object) -> None:
+        if node is not self._node or node is None:
+            self._copies = {}
+            # A custom Function's backward is the user's Python, which may write a tensor
+            # through ``.data`` (no new version): no copies are kept there.
+            self._node = None if isinstance(node, _CUSTOM_FUNCTION) else node
+
+    def up(self, x: torch.Tensor) -> torch.Tensor:
+        storage = x.untyped_storage()
+        key = (storage.data_ptr(), x._version)
+        held = self._copies.get(key)
+        if held is not None:
+            return held[1].as_strided(x.shape, x.stride(), x.storage_offset())
+        copy = x.float()
+        whole = x.storage_offset() == 0 and x.numel() * x.element_size() == storage.nbytes()
+        if whole and copy.stride() == x.stride() and self._node is not None:
+            self._copies[key] = (x, copy)
+        return copy
+
+    def clear(self) -> None:
+        self._node, self._copies = None, {}
+
+
+_CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
 
 
 _NESTED_OR_DTYPE = (tuple, list, dict, torch.dtype)
