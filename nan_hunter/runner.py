@@ -43,6 +43,9 @@ class PassResult:
     gradients_finite: bool | None = None
     """For a backward run without per-node events (``grad_events`` empty): whether every
     gradient stayed finite (each parameter's, and each one the gradient log saw rounded)."""
+    estimated_zeros: bool = False
+    """Whether the zero counts of some large FP16 results are estimates (``PassRunner``'s first
+    passes; ``PassRunner.run(exact=True)`` counts them all)."""
 
 
 class ModelState:
@@ -200,6 +203,12 @@ def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     return torch.random.get_rng_state(), cuda
 
 
+def _set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    torch.random.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
 def _first_then_anew(
     context: contextlib.AbstractContextManager[Any] | None,
 ) -> Callable[[], contextlib.AbstractContextManager[Any] | None]:
@@ -254,8 +263,14 @@ class PassRunner:
         count_all: bool = False,
         retain_bytes: int | None = None,
         outer: Callable[[], contextlib.AbstractContextManager[Any] | None] | None = None,
+        exact_zeros: bool = True,
     ) -> None:
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
+        self._exact_zeros = exact_zeros
+        """Count every FP16 result's zeros exactly (else large ones' are estimated, until a
+        ``run(exact=True)``)."""
+        self._forward_rng: tuple[torch.Tensor, list[torch.Tensor] | None] | None = None
+        """The RNG state the last whole pass started from."""
         self._precision, self._numerics, self._outer = precision, numerics, outer
         self._backward, self._half, self._count_all = backward, half, count_all
         self._retain_bytes = RETAIN_BYTES if retain_bytes is None else retain_bytes
@@ -278,12 +293,26 @@ class PassRunner:
             forward.close()
 
     def run(
-        self, scale: float = 1.0, gradients: GradientLog | None = None, *, events: bool = True
+        self,
+        scale: float = 1.0,
+        gradients: GradientLog | None = None,
+        *,
+        events: bool = True,
+        exact: bool = False,
     ) -> PassResult:
         """``events``: trace the backward node by node (``grad_events``); without, only the
         gradients are measured (``param_grads``, ``gradients``, ``gradients_finite``), which
-        is what a backward run for the loss-scale window needs, at a fraction of the cost."""
+        is what a backward run for the loss-scale window needs, at a fraction of the cost.
+        ``exact``: count every zero from now on, running the last pass's forward again from
+        the RNG state it started from (same dropout masks) if its counts were estimated."""
         forward = self._forward
+        if exact and not self._exact_zeros:
+            self._exact_zeros = True
+            if forward is not None and forward.estimated_zeros:
+                self.close()
+                forward = None
+                if self._forward_rng is not None:
+                    _set_rng_state(self._forward_rng)
         if forward is not None and forward.reusable:
             try:
                 return forward.backward(scale, gradients, retain=True, events=events)
@@ -300,7 +329,7 @@ class PassRunner:
                 self._retain_bytes = -1
                 if gradients is not None:
                     gradients.reset()
-        rng = _rng_state()
+        rng = self._forward_rng = _rng_state()
         depth: int | None = None
         while True:
             self.close()
@@ -322,9 +351,7 @@ class PassRunner:
                     raise
                 depth, reset_depth = 0, 1
             self.close()
-            torch.random.set_rng_state(rng[0])  # from the same RNG state
-            if rng[1] is not None:
-                torch.cuda.set_rng_state_all(rng[1])
+            _set_rng_state(rng)  # from the same RNG state
             if gradients is not None:
                 gradients.reset(depth=reset_depth)
 
@@ -337,6 +364,7 @@ class PassRunner:
                 self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
                 half=self._half, count_all=self._count_all, depth=depth,
                 backward=self._backward, every_histogram=self._every_histogram,
+                exact_zeros=self._exact_zeros,
             )  # fmt: skip
             self._forward = forward
             self.forwards += 1
@@ -364,6 +392,7 @@ class _TracedForward:
         depth: int | None,
         backward: bool,
         every_histogram: bool = False,
+        exact_zeros: bool = True,
     ) -> None:
         from nan_hunter.trace.tracer import OpTracer
 
@@ -376,7 +405,7 @@ class _TracedForward:
         )
         self._tracer = OpTracer(
             self._modules, fmt, count_all=count_all, before_write=self._state.protect,
-            depth=depth,
+            depth=depth, exact_zeros=exact_zeros,
         )  # fmt: skip
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._loss: torch.Tensor | None = None
@@ -389,6 +418,10 @@ class _TracedForward:
     @property
     def output_bytes(self) -> int:
         return self._tracer.output_bytes
+
+    @property
+    def estimated_zeros(self) -> bool:
+        return self._tracer.estimated_zeros
 
     def run(self, precision: contextlib.AbstractContextManager[Any]) -> None:
         model, batch, tracer, modules = self._model, self._batch, self._tracer, self._modules
@@ -450,6 +483,7 @@ class _TracedForward:
             escaped=frozenset(tracer.escaped),
             param_grads=param_grads,
             gradients_finite=finite,
+            estimated_zeros=tracer.estimated_zeros,
         )
 
     def close(self) -> None:

@@ -8,10 +8,16 @@ multiple of the stride is never sampled.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 import nan_hunter
+from nan_hunter.batch import Batch
+from nan_hunter.precision.context import PrecisionPlan
+from nan_hunter.precision.formats import FP16
+from nan_hunter.runner import PassResult, PassRunner
+from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import SAMPLE
 
 _N = 512  # 512 x 512 = 4 * SAMPLE values: the sample takes every 4th, columns 0, 4, 8, ...
@@ -65,3 +71,99 @@ def test_the_divisor_s_zeros_are_counted_not_estimated() -> None:
         (finding,) = report.findings
         assert finding.code == "NH301"
         assert finding.message.endswith("the divisor holds 1 zeros"), (zero_at, finding.message)
+
+
+# --- a clean scan estimates the zeros of large FP16 results; errors are analysed on exact ones
+
+
+class _Dropped(nn.Module):
+    """A large FP16 result with dropout's zeros (a fifth of the values, drawn from the RNG),
+    then a division whose FP16 result overflows when ``overflow`` is set."""
+
+    def __init__(self, overflow: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(_N, _N)
+        self.drop = nn.Dropout(0.2)
+        self.overflow = overflow
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(self.fc(x))
+        return h / 1e-5 if self.overflow else h
+
+
+def _runner(model: nn.Module, batch: torch.Tensor) -> PassRunner:
+    plan = PrecisionPlan("autocast", "cuda", "cpu", FP16, emulate=True)
+    return PassRunner(
+        model, lambda: Batch((batch,), {}, batch), None, FP16, plan.low_precision,
+        plan.numerics, backward=False, exact_zeros=False,
+    )  # fmt: skip
+
+
+def _dropout_event(result: PassResult) -> OpEvent:
+    return next(e for e in result.events if "dropout" in e.op)
+
+
+def test_large_results_have_their_zeros_estimated_and_an_exact_pass_counts_them() -> None:
+    torch.manual_seed(0)
+    model, batch = _Dropped(overflow=False), torch.randn(_N, _N)
+    with _runner(model, batch) as runner:
+        estimated = runner.run()
+        exact = runner.run(exact=True)
+        assert runner.forwards == 2
+        again = runner.run(exact=True)  # already exact: the kept forward serves
+        assert runner.forwards == 2
+    (rough,), (counted,) = _dropout_event(estimated).outputs, _dropout_event(exact).outputs
+    assert estimated.estimated_zeros and not exact.estimated_zeros
+    assert rough.numel == counted.numel == _N * _N
+    # the same dropout mask both times: the exact pass starts from the first one's RNG state
+    assert (rough.min, rough.max) == (counted.min, counted.max)
+    assert abs(rough.zeros - counted.zeros) < 0.02 * _N * _N  # ~52,000 zeros of 262,144
+    assert rough.zeros != counted.zeros  # a strided sample's estimate, not the count
+    assert again.events == exact.events
+
+
+def test_an_exact_count_is_the_count_of_the_tensor() -> None:
+    torch.manual_seed(1)
+    model, batch = _Dropped(overflow=False), torch.randn(_N, _N)
+    seen: list[torch.Tensor] = []
+    model.drop.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    with _runner(model, batch) as runner:
+        runner.run()
+        seen.clear()
+        exact = runner.run(exact=True)
+    (counted,) = _dropout_event(exact).outputs
+    assert counted.zeros == seen[0].numel() - int(torch.count_nonzero(seen[0]))
+
+
+def test_a_clean_scan_does_not_run_again_and_a_failing_one_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import nan_hunter.engine as engine
+
+    passes: list[bool] = []
+    real = engine._Backward.run
+
+    def counted(self: object, *args: object, **kwargs: object) -> object:
+        passes.append(bool(kwargs.get("exact")))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine._Backward, "run", counted)
+    torch.manual_seed(0)
+    clean = nan_hunter.scan(_Dropped(overflow=False), torch.randn(_N, _N), backward=False)
+    assert clean.findings == () and passes == [False]
+    passes.clear()
+    torch.manual_seed(0)
+    failing = nan_hunter.scan(_Dropped(overflow=True), torch.randn(_N, _N), backward=False)
+    # then the fix's proof: scans of the patched model, clean, so none counted again
+    assert failing.findings and passes[:2] == [False, True] and True not in passes[2:]
+    passes.clear()
+    divided = nan_hunter.scan(_DivideByBuffer(1), torch.randn(_N, _N), backward=False)
+    assert divided.findings and passes[:2] == [False, True]
+    passes.clear()
+
+    class Small(nn.Module):  # every result within 2 * SAMPLE values: counted exactly at once
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(x, torch.eye(64)) / 1e-5
+
+    assert nan_hunter.scan(Small(), torch.randn(64, 64) * 10, backward=False).findings
+    assert True not in passes

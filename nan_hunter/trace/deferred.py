@@ -159,8 +159,15 @@ class StatsQueue:
         depth: int = MAX_PENDING,
         max_held: int = MAX_HELD_BYTES,
         on_flush: Callable[[], None] | None = None,
+        exact_zeros: bool = True,
     ) -> None:
         self._fmt = fmt
+        self._exact_zeros = exact_zeros
+        """Count the zeros of every 16-bit tensor exactly; without, those of tensors beyond
+        ``2 * SAMPLE`` values are estimated on the sample the tiny values are counted on (an
+        exact count costs two to three times the extremes; see ``estimated_zeros``)."""
+        self.estimated_zeros = False
+        """Whether some tensor's zero count is an estimate."""
         self._depth = depth
         self._max_held = max_held
         self._on_flush = on_flush
@@ -234,8 +241,9 @@ class StatsQueue:
     def _reduce(self, t: torch.Tensor, counts: bool) -> tuple[Any, int, Any]:
         """Writes ``t``'s extremes (and nonzero and tiny counts) into the result buffer;
         returns where: (key, index of min and max, (key, index of the three counts: the
-        nonzero values, the sample's nonzero values (16-bit only, when sampled), the sample's
-        tiny values or, 16-bit, those with an exponent; whether 16-bit) or None)."""
+        nonzero values (unless estimated), the sample's nonzero values (16-bit only, when
+        sampled), the sample's tiny values or, 16-bit, those with an exponent; whether 16-bit;
+        whether the zeros are estimated) or None)."""
         data = t.detach()
         if data.element_size() == 1:  # float8: no aminmax kernel; FP32 holds it exactly
             data = data.float()
@@ -251,20 +259,26 @@ class StatsQueue:
             # subnormal. Integer kernels count them 2.5x faster than float ones: the nonzero
             # values (all of them), the sample's nonzero ones and those with an exponent
             # (normal, inf or NaN); the sample's tiny ones are the difference.
-            bits = _magnitude_bits(flat)
-            sample, _ = sample_of(bits)
-            counts_[count_at].copy_(torch.count_nonzero(bits))
-            if sample is not bits:
+            sample, _ = sample_of(flat)
+            estimated = sample is not flat and not self._exact_zeros
+            if estimated:  # only the sample's bits: its nonzero values stand for all of them
+                sample = _magnitude_bits(sample)
+                self.estimated_zeros = True
+            else:
+                bits = _magnitude_bits(flat)
+                counts_[count_at].copy_(torch.count_nonzero(bits))
+                sample, _ = sample_of(bits)
+            if sample.numel() != flat.numel():
                 counts_[count_at + 1].copy_(torch.count_nonzero(sample))
             exponent = sample.bitwise_right_shift(shift)
             counts_[count_at + 2].copy_(torch.count_nonzero(exponent))
-            return key, at, (count_key, count_at, True)
+            return key, at, (count_key, count_at, True, estimated)
         sample, _ = sample_of(flat)
         counts_[count_at].copy_(torch.count_nonzero(flat))
         magnitude = sample.abs()
         tiny = (magnitude < self._fmt.smallest_normal) & (magnitude > 0)
         counts_[count_at + 2].copy_(torch.count_nonzero(tiny))
-        return key, at, (count_key, count_at, False)
+        return key, at, (count_key, count_at, False, False)
 
     def _summarise(self, pending: list[_Pending], host: dict[Any, list[float]]) -> None:
         fmt = self._fmt
@@ -273,12 +287,17 @@ class StatsQueue:
             zeros = tiny = None
             if where is not None:
                 values, first = host[where[0]], where[1]
-                nonzero, tiny_count = int(values[first]), int(values[first + 2])
+                tiny_count = int(values[first + 2])
                 sampled = sample_size(numel)
+                factor = numel / sampled
+                # estimated zeros (where[3]): from the sample's nonzero values
+                nonzero = (
+                    scaled(int(values[first + 1]), factor) if where[3] else int(values[first])
+                )
                 if where[2]:  # 16-bit: the sample's nonzero values minus those with an exponent
                     sample_nonzero = int(values[first + 1]) if sampled < numel else nonzero
                     tiny_count = sample_nonzero - tiny_count
-                zeros, tiny = numel - nonzero, scaled(tiny_count, numel / sampled)
+                zeros, tiny = numel - nonzero, scaled(tiny_count, factor)
             if not (_finite(lo_f) and _finite(hi_f)):
                 # NaN or inf: the detailed statistics, from the tensor itself (unchanged).
                 if held is None or version_of(held) != version:

@@ -100,6 +100,7 @@ class OpTracer(TorchFunctionMode):
         count_all: bool = False,
         before_write: Callable[[torch.Tensor], None] | None = None,
         depth: int | None = None,
+        exact_zeros: bool = True,
     ) -> None:
         super().__init__()
         self._before_write = before_write
@@ -110,7 +111,9 @@ class OpTracer(TorchFunctionMode):
         """Count zeros and tiny values in every output, not only in low-precision ones."""
         if depth is None:
             depth = deferred.MAX_PENDING
-        self._queue = StatsQueue(fmt, depth=max(depth, 1), on_flush=self._on_flush)
+        self._queue = StatsQueue(
+            fmt, depth=max(depth, 1), on_flush=self._on_flush, exact_zeros=exact_zeros
+        )
         self._records: list[_OpRecord] = []
         self._events: list[OpEvent] = []
         self._grad_records: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
@@ -137,6 +140,11 @@ class OpTracer(TorchFunctionMode):
         """Indices of ops whose output left a module (a module's or the model's output)."""
         self.output_bytes = 0
         """Bytes of the traced outputs: what a retained graph may keep alive, at most."""
+
+    @property
+    def estimated_zeros(self) -> bool:
+        """Whether some zero count is an estimate (``exact_zeros=False``, a large FP16 tensor)."""
+        return self._queue.estimated_zeros
 
     @property
     def host_reads(self) -> int:
