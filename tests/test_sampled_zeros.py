@@ -1,4 +1,4 @@
-"""Findings that read ``zeros`` on tensors large enough to be sampled (more than ``2 * SAMPLE``
+"""Findings that read ``zeros`` on tensors large enough to be sampled (more than ``EXACT_UP_TO``
 values: since d0986e2, zeros are estimated on a strided sample there).
 
 Review r16: both tests pass at 836bc0a and fail at d0986e2. A value that flushes (or a divisor's
@@ -18,9 +18,9 @@ from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import FP16
 from nan_hunter.runner import PassResult, PassRunner
 from nan_hunter.trace.events import OpEvent
-from nan_hunter.trace.stats import SAMPLE
+from nan_hunter.trace.stats import EXACT_UP_TO, sample_step
 
-_N = 512  # 512 x 512 = 4 * SAMPLE values: the sample takes every 4th, columns 0, 4, 8, ...
+_N = 512  # 512 x 512 values: the sample takes every 16th, columns 0, 16, 32, ...
 
 
 class _FlushedColumn(nn.Module):
@@ -41,7 +41,7 @@ class _FlushedColumn(nn.Module):
 
 
 def test_a_flush_off_the_sample_is_still_the_upstream_cause() -> None:
-    assert _N * _N >= 2 * SAMPLE
+    assert _N * _N > EXACT_UP_TO and sample_step(_N * _N) == 16
     torch.manual_seed(0)
     model = _FlushedColumn()
     report = nan_hunter.scan(model, torch.randn(_N, _N) * 0.1, backward=False)
@@ -65,7 +65,7 @@ class _DivideByBuffer(nn.Module):
 
 def test_the_divisor_s_zeros_are_counted_not_estimated() -> None:
     """NH301 names how many zeros the divisor holds: one, wherever it is."""
-    for zero_at in (1, 4):  # off the sample, on it
+    for zero_at in (1, 16):  # off the sample, on it
         torch.manual_seed(0)
         report = nan_hunter.scan(_DivideByBuffer(zero_at), torch.randn(_N, _N), backward=False)
         (finding,) = report.findings
@@ -161,7 +161,7 @@ def test_a_clean_scan_does_not_run_again_and_a_failing_one_does(
     assert divided.findings and passes[:2] == [False, True]
     passes.clear()
 
-    class Small(nn.Module):  # every result within 2 * SAMPLE values: counted exactly at once
+    class Small(nn.Module):  # every result within EXACT_UP_TO values: counted exactly at once
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.linear(x, torch.eye(64)) / 1e-5
 

@@ -230,29 +230,41 @@ def test_format_number_just_below_ten_thousand() -> None:
     assert format_number(9999.7) == "1.00e+04"
 
 
-def test_zeros_are_exact_and_tiny_values_estimated_on_the_sample_beyond_twice_its_size() -> None:
+def test_zeros_are_exact_and_tiny_values_estimated_on_the_sample_beyond_exact_up_to() -> None:
     """Zeros are counted over every value (a flush or a divisor's 0 in a column the strided
-    sample never visits still counts); tiny values up to ``2 * SAMPLE`` values too, beyond that
-    on the sample, scaled to the whole tensor. The batched queue and the eager path agree."""
+    sample never visits still counts); tiny values up to ``EXACT_UP_TO`` values too, beyond that
+    on the sample, scaled to the whole tensor. The batched queue and the eager path agree; a
+    queue without ``exact_zeros`` estimates the zeros of a large FP16 tensor on the sample."""
     from nan_hunter.trace import deferred
-    from nan_hunter.trace.stats import SAMPLE
+    from nan_hunter.trace.stats import EXACT_UP_TO, SAMPLE, sample_size
 
-    exact = torch.ones(2 * SAMPLE - 1)
+    exact = torch.ones(EXACT_UP_TO)
     exact[1::3] = 0.0  # off any stride a sample would take
     exact[2::6] = 1e-6
     stats = tensor_stats(exact)
     n = exact.numel()
     assert (stats.zeros, stats.tiny) == (len(range(1, n, 3)), len(range(2, n, 6)))
 
-    n = 4 * SAMPLE + 4  # step 4: the sample is every 4th value, 65537 of them
+    n = 16 * SAMPLE + 16  # step 16: the sample is every 16th value, 16385 of them
+    assert n > EXACT_UP_TO and sample_size(n) == len(range(0, n, 16))
     big = torch.ones(n)
     big[1::8] = 0.0  # never sampled, all counted
     big[2::4] = 1e-6  # never sampled: no tiny value seen
-    big[4::16] = -1e-6  # a quarter of the sample: scaled to the whole tensor
+    big[16::64] = -1e-6  # a quarter of the sample: scaled to the whole tensor
+    big[32::64] = 0.0  # another quarter of the sample
+    sampled = len(range(0, n, 16))
     for tensor in (big, big.half()):
         stats = tensor_stats(tensor)
-        sampled = len(range(0, n, 4))
-        assert stats.zeros == len(range(1, n, 8))
-        assert stats.tiny == round(len(range(4, n, 16)) * n / sampled)
+        assert stats.zeros == len(range(1, n, 8)) + len(range(32, n, 64))
+        assert stats.tiny == round(len(range(16, n, 64)) * n / sampled)
         queue = deferred.StatsQueue(FP16)
         assert queue.stats(queue.add(tensor, True)) == stats
+        assert not queue.estimated_zeros
+    rough = deferred.StatsQueue(FP16, exact_zeros=False)
+    estimate = rough.stats(rough.add(big.half(), True))
+    assert rough.estimated_zeros
+    assert estimate.zeros == n - round((sampled - len(range(32, n, 64))) * n / sampled)
+    assert estimate.tiny == stats.tiny and (estimate.min, estimate.max) == (stats.min, stats.max)
+    small = deferred.StatsQueue(FP16, exact_zeros=False)
+    small.stats(small.add(exact.half(), True))
+    assert not small.estimated_zeros  # within EXACT_UP_TO: counted

@@ -20,7 +20,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
-from nan_hunter.trace.stats import SAMPLE, sample_size
+from nan_hunter.trace.stats import sample_size, sample_step
 
 __all__ = [
     "Boundary", "FlushStats", "GradRecord", "GradientLog", "ScaleWindow", "scale_advice",
@@ -287,7 +287,7 @@ class GradientLog:
             return None
         flat_exact = exact.reshape(-1)
         flat_rounded = rounded.detach().reshape(-1)
-        step = max(1, flat_exact.numel() // SAMPLE)
+        step = sample_step(flat_exact.numel())
         if step > 1:
             flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
         zeros, histogram = _exponent_counts(flat_exact)
@@ -499,7 +499,7 @@ def _fill_row(dest: torch.Tensor, exact: torch.Tensor, rounded: torch.Tensor) ->
     """Writes ``dest`` (a ``_ROW`` row, on the device) over the strided sample ``_record_now``
     takes: the exact values' bucket counts, then the rounded values that are nonzero."""
     flat_exact, flat_rounded = exact.reshape(-1), rounded.reshape(-1)
-    step = max(1, flat_exact.numel() // SAMPLE)
+    step = sample_step(flat_exact.numel())
     if step > 1:
         flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
     buckets = _exponent_buckets(flat_exact)

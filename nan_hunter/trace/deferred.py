@@ -164,7 +164,7 @@ class StatsQueue:
         self._fmt = fmt
         self._exact_zeros = exact_zeros
         """Count the zeros of every 16-bit tensor exactly; without, those of tensors beyond
-        ``2 * SAMPLE`` values are estimated on the sample the tiny values are counted on (an
+        ``EXACT_UP_TO`` values are estimated on the sample the tiny values are counted on (an
         exact count costs two to three times the extremes; see ``estimated_zeros``)."""
         self.estimated_zeros = False
         """Whether some tensor's zero count is an estimate."""

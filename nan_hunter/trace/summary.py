@@ -27,7 +27,7 @@ class TensorStats:
     """Exact zeros (None: not counted, as for FP32 results in the low-precision pass)."""
     tiny: int | None = 0
     """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5); exact up to
-    ``2 * SAMPLE`` values, estimated beyond from a strided sample of ``SAMPLE`` values
+    ``EXACT_UP_TO`` values, estimated beyond from a strided sample of ``SAMPLE`` values
     (``trace.stats.sample_of``; None: not counted)."""
 
     @property
