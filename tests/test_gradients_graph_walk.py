@@ -62,3 +62,34 @@ def test_each_node_is_walked_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not gradients._feeds_parameter(innermost.node, {id(source.weight)}, torch.float32)
     nodes = 2 + 9 * 4  # the hook nodes and what they lead to, generously
     assert calls <= nodes, calls
+
+
+def test_a_node_that_rounds_several_gradients_is_walked_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An addmm's backward rounds three gradients of a parameter's size (bias-sized sum, input
+    and weight mms, all 16 values here): one walk from its node answers for the three, and the
+    log lets go of the node when it is read."""
+    from nan_hunter.precision.emulation import LowPrecisionEmulation
+    from nan_hunter.precision.formats import FP16
+
+    walks: list[object] = []
+    real = gradients._feeds_parameter
+
+    def counted(node: object, *args: object, **kwargs: object) -> bool:
+        walks.append(node)
+        return real(node, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gradients, "_feeds_parameter", counted)
+    linear = nn.Linear(4, 4)
+    x = torch.randn(4, 4, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = linear(x).float().sum()
+    log = gradients.GradientLog(FP16)
+    log.watch(list(linear.parameters()))
+    with LowPrecisionEmulation(gradients=log):
+        grads = torch.autograd.grad(loss, [*linear.parameters(), x])
+    assert len(walks) == 1 and type(walks[0]).__name__ == "AddmmBackward0"
+    records = log.records_of(list(grads[:2]))
+    assert all(r is not None for r in records)
+    assert log._node is None

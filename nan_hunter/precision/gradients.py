@@ -93,6 +93,9 @@ class GradientLog:
         self._records: TensorMap[_Slot] = TensorMap()
         """Per rounded gradient (and its views and casts, sharing the slot): its record."""
         self._sizes: set[int] | None = None
+        self._node: object = None
+        self._node_feeds = False
+        """The last node ``_feeds_parameter`` was asked about, and its answer."""
         self._params: set[int] | None = None
         """``id``s of the watched parameters: a gradient gets its histogram only when the node
         that rounds it feeds one of them (through casts and views); None: every gradient."""
@@ -142,6 +145,7 @@ class GradientLog:
         with ``every``."""
         self._sizes = {p.numel() for p in params}
         self._params = None if every else {id(p) for p in params}
+        self._node, self._node_feeds = None, False
 
     def _wants_histogram(self, rounded: torch.Tensor) -> bool:
         if self._sizes is None:
@@ -151,7 +155,12 @@ class GradientLog:
         if self._depth == 1 or self._params is None or _current_node is None:
             return True
         node = _current_node()
-        return node is None or _feeds_parameter(node, self._params, self._fmt.dtype)
+        if node is None:
+            return True
+        if node is not self._node:  # a node rounds several gradients (an addmm's three)
+            self._node = node
+            self._node_feeds = _feeds_parameter(node, self._params, self._fmt.dtype)
+        return self._node_feeds
 
     def record(self, exact: torch.Tensor, rounded: torch.Tensor, *, boundary: bool = False) -> None:
         """``exact``: an FP32 gradient before rounding; ``rounded``: the FP16 result.
@@ -195,6 +204,7 @@ class GradientLog:
         return rows, index, self._row_views[index]
 
     def flush(self) -> None:
+        self._node = None  # not kept alive (and its graph) beyond the backward
         pending, self._pending, self._held = self._pending, [], 0
         if not pending:
             return
