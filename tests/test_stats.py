@@ -268,3 +268,36 @@ def test_zeros_are_exact_and_tiny_values_estimated_on_the_sample_beyond_exact_up
     small = deferred.StatsQueue(FP16, exact_zeros=False)
     small.stats(small.add(exact.half(), True))
     assert not small.estimated_zeros  # within EXACT_UP_TO: counted
+
+
+def test_a_transposed_tensor_is_counted_in_memory_order_without_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transposed or permuted result (attention's heads) fills its storage once: its counts
+    are taken over the storage in place, so they equal those of the contiguous tensor it views,
+    estimate included, and nothing is copied. A slice with gaps is still flattened by a copy."""
+    from nan_hunter.trace import deferred
+    from nan_hunter.trace.stats import SAMPLE
+
+    n = 16 * SAMPLE * 4
+    base = torch.ones(n)
+    base[16::64] = 1e-6  # a quarter of the memory-order sample: tiny
+    base[5::7] = 0.0
+    base = base.half().view(256, n // 256)
+    permuted = base.t()
+    assert not permuted.is_contiguous()
+
+    def no_copy(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("reshaped: a copy")
+
+    queue = deferred.StatsQueue(FP16)
+    expected = queue.stats(queue.add(base, True))
+    monkeypatch.setattr(torch.Tensor, "reshape", no_copy)
+    seen = queue.stats(queue.add(permuted, True))
+    assert (seen.zeros, seen.tiny, seen.min, seen.max) == (
+        expected.zeros, expected.tiny, expected.min, expected.max,
+    )
+    assert seen.zeros == len(range(5, n, 7))
+    monkeypatch.undo()
+    gaps = base[:, ::2]
+    assert queue.stats(queue.add(gaps, True)).zeros == int((gaps == 0).sum())
