@@ -134,8 +134,8 @@ class LowPrecisionEmulation(TorchDispatchMode):
             up_args, up_kwargs = map_leaves(up, args), map_leaves(up, kwargs)
         self.emulated += 1
         out = func(*up_args, **up_kwargs)
-        if in_backward:  # the upcast copies and the FP32 result are freed on return
-            self.heap.freed(_fp32_bytes(up_args) + _fp32_bytes(out))
+        if in_backward:  # the new upcast copies and the FP32 result are freed (by the node's end)
+            self.heap.freed(upcasts.take_copied() + _fp32_bytes(out))
         keep = _fp32_outputs(func, args)
 
         def down(x: Any) -> Any:
@@ -177,11 +177,12 @@ class _NodeUpcasts:
     to it changes its version, which is part of the key.
     """
 
-    __slots__ = ("_copies", "_node")
+    __slots__ = ("_copied", "_copies", "_node")
 
     def __init__(self) -> None:
         self._node: object = None
         self._copies: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._copied = 0
 
     def enter(self, node: object) -> None:
         if node is not self._node or node is None:
@@ -197,13 +198,19 @@ class _NodeUpcasts:
         if held is not None:
             return held[1].as_strided(x.shape, x.stride(), x.storage_offset())
         copy = x.float()
+        self._copied += copy.numel() * 4
         whole = x.storage_offset() == 0 and x.numel() * x.element_size() == storage.nbytes()
         if whole and copy.stride() == x.stride() and self._node is not None:
             self._copies[key] = (x, copy)
         return copy
 
+    def take_copied(self) -> int:
+        """Bytes of the copies made since the last call (what paces the heap trims)."""
+        copied, self._copied = self._copied, 0
+        return copied
+
     def clear(self) -> None:
-        self._node, self._copies = None, {}
+        self._node, self._copies, self._copied = None, {}, 0
 
 
 _CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
