@@ -94,9 +94,9 @@ def _scan_target(target: Target, settings: Settings) -> Report:
                 low, log = backward.run(scale, "unscaled backward: overflows at every scale")
         if low.estimated_zeros and (forward_origins(low) or backward_origins(low) or failures(low)):
             # Errors are analysed and reported on exact counts (a flush to 0 upstream shows as
-            # zeros the FP32 pass does not have, wherever it happens): the pass again, its
+            # zeros the FP32 pass does not have, wherever it happens): the forward again, its
             # dropout masks the same, counting every zero.
-            low, log = backward.run(scale, "exact zero counts for the errors found", exact=True)
+            low = backward.recount(low)
     if low.backward_ran:
         info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
     ref: PassResult | None = None
@@ -170,16 +170,20 @@ class _Backward:
         self._runner.close()
 
     def run(
-        self, scale: float, why: str = "", *, events: bool = True, exact: bool = False
+        self, scale: float, why: str = "", *, events: bool = True
     ) -> tuple[PassResult, GradientLog | None]:
         """One low-precision pass at loss ``scale``; ``why`` names a repeated one; ``events``:
-        trace the backward node by node (the window's passes only measure gradients);
-        ``exact``: count every zero (see ``PassRunner.run``)."""
+        trace the backward node by node (the window's passes only measure gradients)."""
         log = GradientLog(self.plan.fmt) if self.plan.emulate and self.settings.backward else None
         settings = self.settings
         backward = " + backward" if settings.backward else ""
         announce(why or f"{settings.dtype} {settings.mode} pass{backward}")
-        return self._runner.run(scale, log, events=events, exact=exact), log
+        return self._runner.run(scale, log, events=events), log
+
+    def recount(self, low: PassResult) -> PassResult:
+        """``low`` with exact zero counts (``PassRunner.recount``)."""
+        announce(f"{self.settings.dtype} {self.settings.mode} forward again, counting every zero")
+        return self._runner.recount(low)
 
     def window(
         self, low: PassResult, log: GradientLog | None, scale: float

@@ -11,7 +11,7 @@ import contextlib
 import gc
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -298,21 +298,11 @@ class PassRunner:
         gradients: GradientLog | None = None,
         *,
         events: bool = True,
-        exact: bool = False,
     ) -> PassResult:
         """``events``: trace the backward node by node (``grad_events``); without, only the
         gradients are measured (``param_grads``, ``gradients``, ``gradients_finite``), which
-        is what a backward run for the loss-scale window needs, at a fraction of the cost.
-        ``exact``: count every zero from now on, running the last pass's forward again from
-        the RNG state it started from (same dropout masks) if its counts were estimated."""
+        is what a backward run for the loss-scale window needs, at a fraction of the cost."""
         forward = self._forward
-        if exact and not self._exact_zeros:
-            self._exact_zeros = True
-            if forward is not None and forward.estimated_zeros:
-                self.close()
-                forward = None
-                if self._forward_rng is not None:
-                    _set_rng_state(self._forward_rng)
         if forward is not None and forward.reusable:
             try:
                 return forward.backward(scale, gradients, retain=True, events=events)
@@ -354,6 +344,45 @@ class PassRunner:
             _set_rng_state(rng)  # from the same RNG state
             if gradients is not None:
                 gradients.reset(depth=reset_depth)
+
+    def recount(self, result: PassResult) -> PassResult:
+        """``result`` (this runner's last pass) with its forward events counted exactly: if
+        zeros were estimated, the forward runs again, traced, from the RNG state the last
+        whole pass started from (the same dropout masks, so the same ops and values), and no
+        backward runs (gradients have no zero counts). Later passes count exactly too."""
+        self._exact_zeros = True
+        if not result.estimated_zeros:
+            return result
+        self.close()
+        if self._forward_rng is not None:
+            _set_rng_state(self._forward_rng)
+        rng = _rng_state()
+        depth: int | None = None
+        while True:
+            outer = self._outer() if self._outer is not None else None
+            forward = _TracedForward(
+                self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
+                half=self._half, count_all=self._count_all, depth=depth,
+                backward=False, exact_zeros=True,
+            )  # fmt: skip
+            try:
+                with fewer_collections(), outer or contextlib.nullcontext():
+                    forward.run(self._precision())
+                break
+            except StaleStatistics:
+                if depth == 0:
+                    raise
+                depth = 0
+                _set_rng_state(rng)
+            finally:
+                forward.close()
+        self.forwards += 1
+        return replace(
+            result,
+            events=forward.events,
+            first_origin_call=forward.first_origin_call,
+            estimated_zeros=False,
+        )
 
     def _whole(
         self, scale: float, gradients: GradientLog | None, depth: int | None, events: bool
@@ -422,6 +451,15 @@ class _TracedForward:
     @property
     def estimated_zeros(self) -> bool:
         return self._tracer.estimated_zeros
+
+    @property
+    def events(self) -> tuple[OpEvent, ...]:
+        """The forward's events (after ``run``)."""
+        return self._events
+
+    @property
+    def first_origin_call(self) -> CapturedCall | None:
+        return self._tracer.first_origin_call
 
     def run(self, precision: contextlib.AbstractContextManager[Any]) -> None:
         model, batch, tracer, modules = self._model, self._batch, self._tracer, self._modules

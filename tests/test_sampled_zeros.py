@@ -103,36 +103,31 @@ def _dropout_event(result: PassResult) -> OpEvent:
     return next(e for e in result.events if "dropout" in e.op)
 
 
-def test_large_results_have_their_zeros_estimated_and_an_exact_pass_counts_them() -> None:
+def test_large_results_have_their_zeros_estimated_and_a_recount_counts_them() -> None:
     torch.manual_seed(0)
-    model, batch = _Dropped(overflow=False), torch.randn(_N, _N)
-    with _runner(model, batch) as runner:
-        estimated = runner.run()
-        exact = runner.run(exact=True)
-        assert runner.forwards == 2
-        again = runner.run(exact=True)  # already exact: the kept forward serves
-        assert runner.forwards == 2
-    (rough,), (counted,) = _dropout_event(estimated).outputs, _dropout_event(exact).outputs
-    assert estimated.estimated_zeros and not exact.estimated_zeros
-    assert rough.numel == counted.numel == _N * _N
-    # the same dropout mask both times: the exact pass starts from the first one's RNG state
-    assert (rough.min, rough.max) == (counted.min, counted.max)
-    assert abs(rough.zeros - counted.zeros) < 0.02 * _N * _N  # ~52,000 zeros of 262,144
-    assert rough.zeros != counted.zeros  # a strided sample's estimate, not the count
-    assert again.events == exact.events
-
-
-def test_an_exact_count_is_the_count_of_the_tensor() -> None:
-    torch.manual_seed(1)
     model, batch = _Dropped(overflow=False), torch.randn(_N, _N)
     seen: list[torch.Tensor] = []
     model.drop.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
     with _runner(model, batch) as runner:
-        runner.run()
-        seen.clear()
-        exact = runner.run(exact=True)
-    (counted,) = _dropout_event(exact).outputs
-    assert counted.zeros == seen[0].numel() - int(torch.count_nonzero(seen[0]))
+        estimated = runner.run()
+        exact = runner.recount(estimated)
+        assert runner.forwards == 2
+        assert runner.recount(exact) is exact  # counted already: nothing runs
+        later = runner.run()
+        assert runner.forwards == 3 and not later.estimated_zeros
+    (rough,), (counted,) = _dropout_event(estimated).outputs, _dropout_event(exact).outputs
+    assert estimated.estimated_zeros and not exact.estimated_zeros
+    assert rough.numel == counted.numel == _N * _N
+    # the same dropout mask both times: the recount starts from the pass's RNG state
+    assert torch.equal(seen[0], seen[1])
+    assert counted.zeros == seen[1].numel() - int(torch.count_nonzero(seen[1]))
+    assert abs(rough.zeros - counted.zeros) < 0.02 * _N * _N  # ~52,000 zeros of 262,144
+    assert rough.zeros != counted.zeros  # a strided sample's estimate, not the count
+    # everything else as it was: the recount changes counts only
+    assert [(e.key, [(s.min, s.max) for s in e.outputs]) for e in estimated.events] == [
+        (e.key, [(s.min, s.max) for s in e.outputs]) for e in exact.events
+    ]
+    assert exact.grad_events == estimated.grad_events and exact.loss == estimated.loss
 
 
 def test_a_clean_scan_does_not_run_again_and_a_failing_one_does(
@@ -140,14 +135,19 @@ def test_a_clean_scan_does_not_run_again_and_a_failing_one_does(
 ) -> None:
     import nan_hunter.engine as engine
 
-    passes: list[bool] = []
-    real = engine._Backward.run
+    passes: list[bool] = []  # per low-precision pass or recount: whether a recount
+    real_run, real_recount = engine._Backward.run, engine._Backward.recount
 
-    def counted(self: object, *args: object, **kwargs: object) -> object:
-        passes.append(bool(kwargs.get("exact")))
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+    def run(self: object, *args: object, **kwargs: object) -> object:
+        passes.append(False)
+        return real_run(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine._Backward, "run", counted)
+    def recount(self: object, *args: object, **kwargs: object) -> object:
+        passes.append(True)
+        return real_recount(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine._Backward, "run", run)
+    monkeypatch.setattr(engine._Backward, "recount", recount)
     torch.manual_seed(0)
     clean = nan_hunter.scan(_Dropped(overflow=False), torch.randn(_N, _N), backward=False)
     assert clean.findings == () and passes == [False]
