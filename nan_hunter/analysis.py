@@ -30,6 +30,10 @@ class Analysis:
     forward: tuple[Candidate, ...]
     backward: tuple[Candidate, ...]
     propagated: int
+    reads_low_zeros: bool = False
+    """Whether a verdict read the low-precision pass's zero counts: an upstream search for
+    values flushed to 0, or an origin the FP32 pass has no reference for (its own inputs'
+    counts stand in)."""
 
 
 def forward_origins(result: PassResult) -> list[OpEvent]:
@@ -269,14 +273,18 @@ def analyse(
 
     consumers = consumer_map(low.events)
     forward: list[Candidate] = []
+    reads_low_zeros = False
     for n, event in enumerate(forward_origins(low)):
         casts = cast_inputs(event, fmt)
         reference = ref_events.get(event.key)
         own = rerun_in_fp32(low.first_origin_call) if n == 0 and low.first_origin_call else None
         upstream = None
-        if reference is not None and reference.outputs_finite and not casts and own is False:
+        if reference is None:
+            reads_low_zeros = True
+        elif reference.outputs_finite and not casts and own is False:
             # FP32 fails on the op's own low-precision inputs: the damage was done upstream
             upstream = find_upstream(low.events, ref_events, event, fmt, upstream_depth)
+            reads_low_zeros = True
         forward.append(
             Candidate(
                 phase=Phase.FORWARD,
@@ -328,4 +336,5 @@ def analyse(
         for e in failures(low)
     )
     propagated = sum(1 for e in low.events if not e.inputs_finite and not e.outputs_finite)
-    return Analysis(failed, tuple(forward), tuple(backward), propagated)
+    reads_low_zeros = reads_low_zeros or any(c.reference is None for c in failed)
+    return Analysis(failed, tuple(forward), tuple(backward), propagated, reads_low_zeros)

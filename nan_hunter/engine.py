@@ -92,11 +92,6 @@ def _scan_target(target: Target, settings: Settings) -> Report:
                 skipped += round(math.log2(scale))
                 scale = 1.0
                 low, log = backward.run(scale, "unscaled backward: overflows at every scale")
-        if low.estimated_zeros and (forward_origins(low) or backward_origins(low) or failures(low)):
-            # Errors are analysed and reported on exact counts (a flush to 0 upstream shows as
-            # zeros the FP32 pass does not have, wherever it happens): the forward again, its
-            # dropout masks the same, counting every zero.
-            low = backward.recount(low)
     if low.backward_ran:
         info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
     ref: PassResult | None = None
@@ -115,6 +110,15 @@ def _scan_target(target: Target, settings: Settings) -> Report:
     analysis = analyse(
         low, ref, fmt, upstream_depth=settings.upstream_depth, window=window, grad_scale=scale
     )
+    if low.estimated_zeros and analysis.reads_low_zeros:
+        # A verdict read zero counts of the low-precision pass (a flush to 0 upstream shows as
+        # zeros the FP32 pass does not have, wherever it happens): the forward again, its
+        # dropout masks the same, counting every zero, and the analysis again.
+        low = backward.recount(low)
+        analysis = analyse(
+            low, ref, fmt, upstream_depth=settings.upstream_depth, window=window,
+            grad_scale=scale,
+        )  # fmt: skip
     errors = [
         _finding(c, settings, plan.patch_device)
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
