@@ -24,7 +24,9 @@ class TensorStats:
     max: float | None = None
     abs_max: float | None = None
     zeros: int | None = 0
-    """Exact zeros (None: not counted, as for FP32 results in the low-precision pass)."""
+    """Zeros (None: not counted, as for FP32 results in the low-precision pass): exact up to
+    ``EXACT_UP_TO`` values and wherever a verdict reads them; beyond, in the FP16 results of a
+    scan's low-precision pass, estimated on the sample ``tiny`` is counted on."""
     tiny: int | None = 0
     """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5); exact up to
     ``EXACT_UP_TO`` values, estimated beyond from a strided sample of ``SAMPLE`` values
