@@ -1,0 +1,185 @@
+"""Review r17 of the scan-speed change (c39038d..1da7550): estimated zeros and the exact pass,
+and the backward's per-node FP32 copies (``_NodeUpcasts``). Each test fails at 1da7550."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import nan_hunter
+import nan_hunter.runner as runner_module
+from nan_hunter.batch import Batch
+from nan_hunter.precision.context import PrecisionPlan
+from nan_hunter.precision.emulation import LowPrecisionEmulation
+from nan_hunter.precision.formats import FP16
+from nan_hunter.runner import PassRunner
+from nan_hunter.trace.stats import EXACT_UP_TO
+
+_N = 512  # 512 x 512 values: beyond EXACT_UP_TO, so a low pass estimates their zeros
+
+
+# --- the exact pass repeats the pass it counts, dropout masks included ------------------------
+
+
+class _Dropped(nn.Module):
+    """An identity layer then dropout (p=0.5) over the batch: one value of the batch is 40,000,
+    which dropout's 1/(1-p) turns into 80,000, inf in FP16, when its mask keeps it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(_N, _N)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.eye(_N))
+            self.fc.bias.zero_()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc(x))
+
+
+def _batch() -> torch.Tensor:
+    x = torch.rand(_N, _N)
+    x[0, 3] = 40000.0
+    return x
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_the_exact_pass_after_a_forward_not_kept_draws_the_same_dropout_masks(
+    backward: bool,
+) -> None:
+    """``PassRunner.run(exact=True)`` promises the last pass again "from the RNG state it
+    started from (same dropout masks)"; a forward beyond ``RETAIN_BYTES`` is not kept, and at
+    1da7550 the exact pass then draws the next masks instead."""
+    assert _N * _N > EXACT_UP_TO
+    torch.manual_seed(0)
+    model, batch = _Dropped(), _batch()
+    masks: list[torch.Tensor] = []
+    model.drop.register_forward_hook(lambda m, i, o: masks.append(o.detach() == 0))
+    plan = PrecisionPlan("autocast", "cuda", "cpu", FP16, emulate=True)
+    with PassRunner(
+        model, lambda: Batch((batch,), {}, batch), None, FP16, plan.low_precision,
+        plan.numerics, backward=backward, exact_zeros=False, retain_bytes=0,
+    ) as runner:  # fmt: skip
+        estimated = runner.run()
+        exact = runner.run(exact=True)
+    assert estimated.estimated_zeros and not exact.estimated_zeros
+    assert len(masks) == 2
+    assert torch.equal(masks[0], masks[1])
+
+
+def _findings(seed: int, **options: object) -> list[tuple[str, str, int]]:
+    torch.manual_seed(seed)
+    report = nan_hunter.scan(_Dropped(), _batch(), verify_fixes=False, **options)
+    return [(f.code, f.op, sum(s.nonfinite for s in f.outputs)) for f in report.findings]
+
+
+def test_an_error_found_on_one_dropout_mask_is_reported_whether_the_forward_is_kept_or_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first pass finds the inf its mask let through; the exact pass must analyse that same
+    pass. At 1da7550, when the forward is not kept (outputs beyond ``RETAIN_BYTES``), the exact
+    pass draws fresh masks: with seed 7 the error vanishes (a clean report), with seed 4 an NH109
+    becomes an NH900."""
+    seeds = range(8)
+    kept = [_findings(seed, backward=False) for seed in seeds]
+    assert any(kept), "no seed lets the inf through: the test shows nothing"
+    monkeypatch.setattr(runner_module, "RETAIN_BYTES", 0)
+    not_kept = [_findings(seed, backward=False) for seed in seeds]
+    assert not_kept == kept
+
+
+# --- warnings read the zeros too ---------------------------------------------------------------
+
+
+class _SparseTiny(nn.Module):
+    """A large FP16 result that is 0 except every 16th column, which holds 1e-6 (subnormal in
+    FP16): NH502 warns about it, and nothing else is wrong with the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(_N, _N)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.zero_()
+            self.fc.bias[::16] = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_a_warning_reports_the_exact_zeros_of_its_result() -> None:
+    """A warnings-only scan is not counted again, so at 1da7550 its finding (JSON ``outputs``,
+    documented as "Exact zeros") says 0 zeros for a result whose 245,760 of 262,144 values are 0:
+    the strided sample (columns 0, 32, 64, ...) only sees the nonzero columns."""
+    torch.manual_seed(0)
+    report = nan_hunter.scan(_SparseTiny(), torch.randn(_N, _N), backward=False)
+    (finding,) = report.findings
+    assert finding.code == "NH502"
+    (out,) = finding.outputs
+    assert out.numel == _N * _N
+    assert out.zeros == _N * _N - _N * (_N // 16)
+
+
+# --- the backward's cached FP32 copies -------------------------------------------------------
+
+
+def test_a_gradient_a_hook_rescales_through_data_is_read_rescaled() -> None:
+    """A tensor hook runs inside the node that consumes the gradient (same current node): it
+    reads the gradient (an emulated op: its FP32 copy is cached under that node), then halves it
+    through ``.data``, which moves no version counter of the gradient itself. At 1da7550 the
+    node's mm reads the stale copy: the weight's gradient is twice what it should be."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8).half()
+    w = torch.randn(8, 8).half().requires_grad_()
+
+    def clip(g: torch.Tensor) -> None:
+        g.abs().amax()  # a read of g (emulated)
+        g.data.mul_(0.5)
+
+    with LowPrecisionEmulation():
+        h = x @ w
+        h.register_hook(clip)
+        (h * 3).sum().backward()
+    assert w.grad is not None
+    expected = (x.float().t() @ torch.full((4, 8), 1.5)).half()
+    assert torch.equal(w.grad, expected)
+
+
+with torch.inference_mode():
+    _HALF = torch.full((8,), 0.5, dtype=torch.float16)  # an inference tensor: no version counter
+
+
+class _TimesHalf(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        return x * 0.5
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> torch.Tensor:
+        return g * _HALF
+
+
+class _WithConstant(nn.Module):
+    def __init__(self, hooked: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.hooked = hooked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.hooked:
+            h.register_hook(lambda g: g * _HALF)
+            return h * 0.5
+        return _TimesHalf.apply(h)
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_a_backward_that_reads_an_inference_tensor_scans(hooked: bool) -> None:
+    """A constant made under ``torch.inference_mode()`` read by a custom Function's backward or
+    a gradient hook: ``x.float()`` reads it fine, but at 1da7550 the upcast cache asks for its
+    ``_version`` and the scan fails ("Inference tensors do not track version counter")."""
+    torch.manual_seed(0)
+    report = nan_hunter.scan(_WithConstant(hooked), torch.randn(4, 8), verify_fixes=False)
+    assert report.status == "clean"
+    assert report.backward_nodes > 0
