@@ -14,6 +14,7 @@ Left to the real kernels: ops that mutate or alias their inputs (in-place, views
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from itertools import chain
 from typing import Any
@@ -114,7 +115,10 @@ class LowPrecisionEmulation(TorchDispatchMode):
         low = self.low
         upcasts = self._upcasts
         if in_backward:
-            upcasts.enter(_current_node())
+            # Only the node's own formula (called by the engine, not from Python) shares copies:
+            # a hook or a saved-tensor hook runs as the same node, and may write a tensor
+            # through ``.data`` (no new version) between two reads.
+            upcasts.enter(_current_node(), sys._getframe(1).f_code is _ENGINE_CODE)
 
         def up(x: Any) -> Any:
             if not isinstance(x, torch.Tensor) or x.dtype != low:
@@ -177,21 +181,29 @@ class _NodeUpcasts:
     to it changes its version, which is part of the key.
     """
 
-    __slots__ = ("_copied", "_copies", "_node")
+    __slots__ = ("_copied", "_copies", "_node", "_shared")
 
     def __init__(self) -> None:
         self._node: object = None
+        self._shared = False
         self._copies: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._copied = 0
 
-    def enter(self, node: object) -> None:
+    def enter(self, node: object, engine: bool = True) -> None:
+        """``engine``: the op is called by the autograd engine (the node's C++ formula), not by
+        Python code running as the node (its hooks, a custom Function's backward)."""
         if node is not self._node or node is None:
             self._copies = {}
             # A custom Function's backward is the user's Python, which may write a tensor
             # through ``.data`` (no new version): no copies are kept there.
             self._node = None if isinstance(node, _CUSTOM_FUNCTION) else node
+        self._shared = engine and self._node is not None
 
     def up(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._shared or x.is_inference():  # an inference tensor has no version
+            copy = x.float()
+            self._copied += copy.numel() * 4
+            return copy
         storage = x.untyped_storage()
         key = (storage.data_ptr(), x._version)
         held = self._copies.get(key)
@@ -200,7 +212,7 @@ class _NodeUpcasts:
         copy = x.float()
         self._copied += copy.numel() * 4
         whole = x.storage_offset() == 0 and x.numel() * x.element_size() == storage.nbytes()
-        if whole and copy.stride() == x.stride() and self._node is not None:
+        if whole and copy.stride() == x.stride():
             self._copies[key] = (x, copy)
         return copy
 
@@ -210,10 +222,14 @@ class _NodeUpcasts:
         return copied
 
     def clear(self) -> None:
-        self._node, self._copies, self._copied = None, {}, 0
+        self._node, self._copies, self._copied, self._shared = None, {}, 0, False
 
 
 _CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
+_ENGINE_CODE = getattr(
+    getattr(torch.autograd.graph, "_engine_run_backward", None), "__code__", None
+)
+"""The Python frame below a node's C++ formula (its ops' caller); None: no copy is shared."""
 
 
 _NESTED_OR_DTYPE = (tuple, list, dict, torch.dtype)
