@@ -89,6 +89,39 @@ def test_an_error_found_on_one_dropout_mask_is_reported_whether_the_forward_is_k
     assert not_kept == kept
 
 
+class _DroppedHidden(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(_N, _N)
+        self.drop = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(_N, _N)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(self.fc(x)))
+
+
+def _backward_findings(seed: int) -> list[tuple[str, str, list[int]]]:
+    torch.manual_seed(seed)
+    report = nan_hunter.scan(
+        _DroppedHidden(), torch.randn(_N, _N), lambda out, b: out.float().sum(),
+        grad_scale=4096.0, verify_fixes=False,
+    )  # fmt: skip
+    return [(f.code, f.op, [s.nonfinite for s in f.outputs]) for f in report.findings]
+
+
+def test_the_exact_pass_repeats_the_analysed_pass_not_the_loss_scale_window_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fixed loss scale whose gradients overflow (NH401 in the first layer's backward, how
+    many values depends on the dropout mask): the loss-scale window runs an unscaled pass after
+    the analysed one. The exact pass must repeat the analysed pass, kept forward or not; at
+    1da7550, without a kept forward, it counts 124,928 infs instead of 132,608."""
+    kept = _backward_findings(0)
+    assert [code for code, _, _ in kept] == ["NH401"]
+    monkeypatch.setattr(runner_module, "RETAIN_BYTES", 0)
+    assert _backward_findings(0) == kept
+
+
 # --- warnings read the zeros too ---------------------------------------------------------------
 
 
