@@ -198,12 +198,16 @@ def fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+_RngState = tuple[torch.Tensor, list[torch.Tensor] | None]
+"""The CPU generator's state, and each CUDA device's (None: CUDA not initialised)."""
+
+
+def _rng_state() -> _RngState:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     return torch.random.get_rng_state(), cuda
 
 
-def _set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+def _set_rng_state(state: _RngState) -> None:
     torch.random.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state_all(state[1])
@@ -268,9 +272,12 @@ class PassRunner:
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._exact_zeros = exact_zeros
         """Count every FP16 result's zeros exactly (else large ones' are estimated, until a
-        ``run(exact=True)``)."""
-        self._forward_rng: tuple[torch.Tensor, list[torch.Tensor] | None] | None = None
-        """The RNG state the last whole pass started from."""
+        ``recount``)."""
+        self._pass_rng: _RngState | None = None
+        """The RNG state the whole pass under way started from."""
+        self._analysed_rng: _RngState | None = None
+        """The RNG state the forward of the last pass run with ``events`` started from (the pass
+        the caller analyses and ``recount``s; the loss-scale window's passes run without)."""
         self._precision, self._numerics, self._outer = precision, numerics, outer
         self._backward, self._half, self._count_all = backward, half, count_all
         self._retain_bytes = RETAIN_BYTES if retain_bytes is None else retain_bytes
@@ -305,7 +312,10 @@ class PassRunner:
         forward = self._forward
         if forward is not None and forward.reusable:
             try:
-                return forward.backward(scale, gradients, retain=True, events=events)
+                result = forward.backward(scale, gradients, retain=True, events=events)
+                if events:
+                    self._analysed_rng = forward.rng
+                return result
             except UnmeasuredGradient:
                 self._every_histogram = True  # the whole pass again, every gradient measured
                 if gradients is not None:
@@ -319,13 +329,16 @@ class PassRunner:
                 self._retain_bytes = -1
                 if gradients is not None:
                     gradients.reset()
-        rng = self._forward_rng = _rng_state()
+        rng = self._pass_rng = _rng_state()
         depth: int | None = None
         while True:
             self.close()
             try:
                 with fewer_collections():
-                    return self._whole(scale, gradients, depth, events)
+                    result = self._whole(scale, gradients, depth, events)
+                if events:
+                    self._analysed_rng = rng
+                return result
             except UnmeasuredGradient:
                 # A parameter's gradient was rounded where no parameter was in sight: again,
                 # with every gradient of a parameter's size measured (for the passes after
@@ -347,15 +360,17 @@ class PassRunner:
 
     def recount(self, result: PassResult) -> PassResult:
         """``result`` (this runner's last pass) with its forward events counted exactly: if
-        zeros were estimated, the forward runs again, traced, from the RNG state the last
-        whole pass started from (the same dropout masks, so the same ops and values), and no
-        backward runs (gradients have no zero counts). Later passes count exactly too."""
+        zeros were estimated, the forward runs again, traced, from the RNG state the forward
+        of the last pass run with ``events`` started from (the same dropout masks, so the same
+        ops and values; a loss-scale window's pass may have run since, or the forward not been
+        kept), and no backward runs (gradients have no zero counts). Later passes count
+        exactly too."""
         self._exact_zeros = True
         if not result.estimated_zeros:
             return result
         self.close()
-        if self._forward_rng is not None:
-            _set_rng_state(self._forward_rng)
+        if self._analysed_rng is not None:
+            _set_rng_state(self._analysed_rng)
         rng = _rng_state()
         depth: int | None = None
         while True:
@@ -395,6 +410,7 @@ class PassRunner:
                 backward=self._backward, every_histogram=self._every_histogram,
                 exact_zeros=self._exact_zeros,
             )  # fmt: skip
+            forward.rng = self._pass_rng
             self._forward = forward
             self.forwards += 1
             forward.run(self._precision())
@@ -441,6 +457,8 @@ class _TracedForward:
         self._loss_stats: TensorStats | None = None
         self._events: tuple[OpEvent, ...] = ()
         self._trimmed = False
+        self.rng: _RngState | None = None
+        """The RNG state the forward started from."""
         self.reusable = False
         """Whether another backward can run on the graph (retained, and nothing failed)."""
 
