@@ -216,3 +216,61 @@ def test_a_backward_that_reads_an_inference_tensor_scans(hooked: bool) -> None:
     report = nan_hunter.scan(_WithConstant(hooked), torch.randn(4, 8), verify_fixes=False)
     assert report.status == "clean"
     assert report.backward_nodes > 0
+
+
+# --- the gradient log's node --------------------------------------------------------------
+
+
+class _Once(torch.autograd.Function):
+    """Its backward runs once: a second backward on a kept graph fails (as a Function that
+    frees what its backward needs does), and the pass runs whole again."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        ctx.done = False  # type: ignore[attr-defined]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> torch.Tensor:
+        if ctx.done:  # type: ignore[attr-defined]
+            raise RuntimeError("backward twice")
+        ctx.done = True  # type: ignore[attr-defined]
+        return g * 2
+
+
+class _Three(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(_Once.apply(self.b(torch.relu(self.a(x)))))
+
+
+def test_a_failed_backward_s_graph_is_freed_before_the_pass_runs_again() -> None:
+    """The kept graph's second backward fails; the pass runs whole again. At 1da7550 the
+    gradient log still holds the last autograd node it asked about (``reset`` does not let go
+    of it), and through it the first forward's activations live on beside the second's."""
+    import gc
+    import weakref
+
+    from nan_hunter.precision.gradients import GradientLog
+
+    torch.manual_seed(0)
+    model = _Three()
+    saved: list[weakref.ref[torch.Tensor]] = []
+    alive: list[bool] = []
+    model.b.register_forward_hook(lambda m, i, o: saved.append(weakref.ref(i[0])))
+    model.a.register_forward_pre_hook(lambda m, i: alive.extend(r() is not None for r in saved))
+    batch = torch.randn(32, 64)
+    plan = PrecisionPlan("autocast", "cuda", "cpu", FP16, emulate=True)
+    with PassRunner(
+        model, lambda: Batch((batch,), {}, batch), None, FP16, plan.low_precision,
+        plan.numerics, backward=True,
+    ) as runner:  # fmt: skip
+        log = GradientLog(FP16)
+        runner.run(1.0, log)
+        gc.collect()
+        runner.run(2.0, log)  # fails on the kept graph, then runs whole
+        assert runner.forwards == 2
+    assert alive == [False]  # the first forward's activation, when the second forward starts
