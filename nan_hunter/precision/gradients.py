@@ -122,6 +122,7 @@ class GradientLog:
         self.overflowed = False
         self._pending, self._held = [], 0
         self._boundaries = []
+        self._node = None  # a failed backward's node holds its graph (never flushed)
 
     @property
     def max_abs(self) -> float:
