@@ -141,6 +141,11 @@ class _SparseTiny(nn.Module):
         return self.fc(x)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review r17, not fixed: a warnings-only scan keeps its estimated zeros (the lead's "
+    "call: count them again for reported warnings, or report them as estimates)",
+)
 def test_a_warning_reports_the_exact_zeros_of_its_result() -> None:
     """A warnings-only scan is not counted again, so at 1da7550 its finding (JSON ``outputs``,
     documented as "Exact zeros") says 0 zeros for a result whose 245,760 of 262,144 values are 0:
