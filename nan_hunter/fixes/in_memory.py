@@ -86,6 +86,8 @@ def _import(name: str, file: Path) -> Any:
             return module
     except Exception:  # not importable by name from the overlay: load it from its file
         pass
+    if name == "__main__":  # a script: its ``if __name__ == "__main__":`` block must not run
+        name = "__nan_hunter_patched_main__"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise LoadError(f"cannot load the patched {file.name}")
