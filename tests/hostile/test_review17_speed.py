@@ -1,5 +1,6 @@
-"""Review r17 of the scan-speed change (c39038d..1da7550): estimated zeros and the exact pass,
-and the backward's per-node FP32 copies (``_NodeUpcasts``). Each test fails at 1da7550."""
+"""Review r17 of the scan-speed change (c39038d..1da7550, then 939a983): estimated zeros and
+their recount, and the backward's per-node FP32 copies (``_NodeUpcasts``). Each test fails at
+1da7550; at 939a983 (``PassRunner.recount``) the first two pass and the others still fail."""
 
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ def _batch() -> torch.Tensor:
 def test_the_exact_pass_after_a_forward_not_kept_draws_the_same_dropout_masks(
     backward: bool,
 ) -> None:
-    """``PassRunner.run(exact=True)`` promises the last pass again "from the RNG state it
-    started from (same dropout masks)"; a forward beyond ``RETAIN_BYTES`` is not kept, and at
-    1da7550 the exact pass then draws the next masks instead."""
+    """``PassRunner.recount`` runs the forward again "from the RNG state [...] (the same
+    dropout masks)"; a forward beyond ``RETAIN_BYTES`` is not kept, and at 1da7550 the exact
+    pass then drew the next masks instead."""
     assert _N * _N > EXACT_UP_TO
     torch.manual_seed(0)
     model, batch = _Dropped(), _batch()
@@ -62,7 +63,7 @@ def test_the_exact_pass_after_a_forward_not_kept_draws_the_same_dropout_masks(
         plan.numerics, backward=backward, exact_zeros=False, retain_bytes=0,
     ) as runner:  # fmt: skip
         estimated = runner.run()
-        exact = runner.run(exact=True)
+        exact = runner.recount(estimated)
     assert estimated.estimated_zeros and not exact.estimated_zeros
     assert len(masks) == 2
     assert torch.equal(masks[0], masks[1])
@@ -77,10 +78,10 @@ def _findings(seed: int, **options: object) -> list[tuple[str, str, int]]:
 def test_an_error_found_on_one_dropout_mask_is_reported_whether_the_forward_is_kept_or_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The first pass finds the inf its mask let through; the exact pass must analyse that same
+    """The first pass finds the inf its mask let through; the recount must count that same
     pass. At 1da7550, when the forward is not kept (outputs beyond ``RETAIN_BYTES``), the exact
-    pass draws fresh masks: with seed 7 the error vanishes (a clean report), with seed 4 an NH109
-    becomes an NH900."""
+    pass drew fresh masks: with seed 7 the error vanished (a clean report), with seed 4 an NH109
+    became an NH900."""
     seeds = range(8)
     kept = [_findings(seed, backward=False) for seed in seeds]
     assert any(kept), "no seed lets the inf through: the test shows nothing"
@@ -114,49 +115,12 @@ def test_the_exact_pass_repeats_the_analysed_pass_not_the_loss_scale_window_s(
 ) -> None:
     """A fixed loss scale whose gradients overflow (NH401 in the first layer's backward, how
     many values depends on the dropout mask): the loss-scale window runs an unscaled pass after
-    the analysed one. The exact pass must repeat the analysed pass, kept forward or not; at
-    1da7550, without a kept forward, it counts 124,928 infs instead of 132,608."""
+    the analysed one. The recount must repeat the analysed pass's forward, kept or not; at
+    1da7550 and at 939a983, without a kept forward, it repeats the window pass's instead."""
     kept = _backward_findings(0)
     assert [code for code, _, _ in kept] == ["NH401"]
     monkeypatch.setattr(runner_module, "RETAIN_BYTES", 0)
     assert _backward_findings(0) == kept
-
-
-# --- warnings read the zeros too ---------------------------------------------------------------
-
-
-class _SparseTiny(nn.Module):
-    """A large FP16 result that is 0 except every 16th column, which holds 1e-6 (subnormal in
-    FP16): NH502 warns about it, and nothing else is wrong with the model."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(_N, _N)
-        with torch.no_grad():
-            self.fc.weight.zero_()
-            self.fc.bias.zero_()
-            self.fc.bias[::16] = 1e-6
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="review r17, not fixed: a warnings-only scan keeps its estimated zeros (the lead's "
-    "call: count them again for reported warnings, or report them as estimates)",
-)
-def test_a_warning_reports_the_exact_zeros_of_its_result() -> None:
-    """A warnings-only scan is not counted again, so at 1da7550 its finding (JSON ``outputs``,
-    documented as "Exact zeros") says 0 zeros for a result whose 245,760 of 262,144 values are 0:
-    the strided sample (columns 0, 32, 64, ...) only sees the nonzero columns."""
-    torch.manual_seed(0)
-    report = nan_hunter.scan(_SparseTiny(), torch.randn(_N, _N), backward=False)
-    (finding,) = report.findings
-    assert finding.code == "NH502"
-    (out,) = finding.outputs
-    assert out.numel == _N * _N
-    assert out.zeros == _N * _N - _N * (_N // 16)
 
 
 # --- the backward's cached FP32 copies -------------------------------------------------------
