@@ -44,8 +44,8 @@ class PassResult:
     """For a backward run without per-node events (``grad_events`` empty): whether every
     gradient stayed finite (each parameter's, and each one the gradient log saw rounded)."""
     estimated_zeros: bool = False
-    """Whether the zero counts of some large FP16 results are estimates (``PassRunner``'s first
-    passes; ``PassRunner.run(exact=True)`` counts them all)."""
+    """Whether the zero counts of some large FP16 results are estimates (a ``PassRunner`` with
+    ``exact_zeros=False``, until ``recount``)."""
 
 
 class ModelState:
@@ -300,11 +300,7 @@ class PassRunner:
             forward.close()
 
     def run(
-        self,
-        scale: float = 1.0,
-        gradients: GradientLog | None = None,
-        *,
-        events: bool = True,
+        self, scale: float = 1.0, gradients: GradientLog | None = None, *, events: bool = True
     ) -> PassResult:
         """``events``: trace the backward node by node (``grad_events``); without, only the
         gradients are measured (``param_grads``, ``gradients``, ``gradients_finite``), which
@@ -375,11 +371,7 @@ class PassRunner:
         depth: int | None = None
         while True:
             outer = self._outer() if self._outer is not None else None
-            forward = _TracedForward(
-                self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
-                half=self._half, count_all=self._count_all, depth=depth,
-                backward=False, exact_zeros=True,
-            )  # fmt: skip
+            forward = self._traced_forward(depth, backward=False)
             try:
                 with fewer_collections(), outer or contextlib.nullcontext():
                     forward.run(self._precision())
@@ -399,17 +391,19 @@ class PassRunner:
             estimated_zeros=False,
         )
 
+    def _traced_forward(self, depth: int | None, *, backward: bool) -> _TracedForward:
+        return _TracedForward(
+            self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
+            half=self._half, count_all=self._count_all, depth=depth, backward=backward,
+            every_histogram=self._every_histogram, exact_zeros=self._exact_zeros,
+        )  # fmt: skip
+
     def _whole(
         self, scale: float, gradients: GradientLog | None, depth: int | None, events: bool
     ) -> PassResult:
         outer = self._outer() if self._outer is not None else None
         with outer or contextlib.nullcontext():
-            forward = _TracedForward(
-                self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
-                half=self._half, count_all=self._count_all, depth=depth,
-                backward=self._backward, every_histogram=self._every_histogram,
-                exact_zeros=self._exact_zeros,
-            )  # fmt: skip
+            forward = self._traced_forward(depth, backward=self._backward)
             forward.rng = self._pass_rng
             self._forward = forward
             self.forwards += 1
@@ -465,10 +459,6 @@ class _TracedForward:
     @property
     def output_bytes(self) -> int:
         return self._tracer.output_bytes
-
-    @property
-    def estimated_zeros(self) -> bool:
-        return self._tracer.estimated_zeros
 
     @property
     def events(self) -> tuple[OpEvent, ...]:

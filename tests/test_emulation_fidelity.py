@@ -284,7 +284,7 @@ def test_a_node_upcasts_its_incoming_gradient_once(monkeypatch: pytest.MonkeyPat
     for a, b in zip(fresh, shared, strict=True):
         assert torch.equal(a, b)
 
-    monkeypatch.setattr(emulation, "_current_node", lambda: None)  # no node: a copy per use
+    monkeypatch.setattr(emulation, "current_node", lambda: None)  # no node: a copy per use
     copies.clear()
     monkeypatch.setattr(torch.Tensor, "float", counted)
     _linear_grads()

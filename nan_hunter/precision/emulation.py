@@ -20,11 +20,12 @@ from itertools import chain
 from typing import Any
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nan_hunter._nest import call_leaves, map_leaves
 from nan_hunter.precision import heap
-from nan_hunter.precision.gradients import GradientLog
+from nan_hunter.precision.gradients import GradientLog, current_node
 
 aten = torch.ops.aten
 
@@ -118,7 +119,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
             # Only the node's own formula (called by the engine, not from Python) shares copies:
             # a hook or a saved-tensor hook runs as the same node, and may write a tensor
             # through ``.data`` (no new version) between two reads.
-            upcasts.enter(_current_node(), sys._getframe(1).f_code is _ENGINE_CODE)
+            upcasts.enter(current_node(), sys._getframe(1).f_code is _ENGINE_CODE)
 
         def up(x: Any) -> Any:
             if not isinstance(x, torch.Tensor) or x.dtype != low:
@@ -166,10 +167,6 @@ class LowPrecisionEmulation(TorchDispatchMode):
         return decision
 
 
-
-_current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
-
-
 class _NodeUpcasts:
     """The FP32 copies of the FP16 tensors one autograd node's backward reads: an addmm's
     incoming gradient feeds the input's mm, the weight's mm (transposed) and the bias's sum, and
@@ -196,7 +193,7 @@ class _NodeUpcasts:
             self._copies = {}
             # A custom Function's backward is the user's Python, which may write a tensor
             # through ``.data`` (no new version): no copies are kept there.
-            self._node = None if isinstance(node, _CUSTOM_FUNCTION) else node
+            self._node = None if isinstance(node, BackwardCFunction) else node
         self._shared = engine and self._node is not None
 
     def up(self, x: torch.Tensor) -> torch.Tensor:
@@ -225,7 +222,6 @@ class _NodeUpcasts:
         self._node, self._copies, self._copied, self._shared = None, {}, 0, False
 
 
-_CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
 _ENGINE_CODE = getattr(
     getattr(torch.autograd.graph, "_engine_run_backward", None), "__code__", None
 )

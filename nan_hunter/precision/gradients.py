@@ -396,6 +396,11 @@ _current_node = getattr(torch._C, "_current_autograd_node", None)
 """The autograd node whose backward is running (torch >= 2.1); without it every gradient of a
 parameter's size gets its histogram."""
 
+
+def current_node() -> object | None:
+    """The autograd node whose backward is running; None outside one (or on torch < 2.1)."""
+    return _current_node() if _current_node is not None else None
+
 _PASS_THROUGH = frozenset(
     {
         "ToCopyBackward", "TBackward", "TransposeBackward", "PermuteBackward", "ViewBackward",
