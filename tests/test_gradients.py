@@ -353,3 +353,29 @@ def test_a_parameter_gradient_rounded_out_of_sight_reruns_the_pass_with_every_hi
     records, forwards = _low_pass(model, GradientLog(FP16))
     assert forwards == 1
     assert records == careful and "outer.weight" in records
+
+
+def test_a_transposed_gradient_is_histogrammed_without_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transposed gradient and its rounding share a layout: the row is filled from their
+    storage in place (no ``reshape`` copy), with the counts of the contiguous gradient."""
+    from nan_hunter.precision.gradients import _ROW, _fill_row
+
+    exact = torch.randn(300, 200) * torch.logspace(-12, 2, 200)
+    exact[::7] = 0.0
+    contiguous = torch.empty(_ROW, dtype=torch.int64)
+    _fill_row(contiguous, exact, exact.half())
+    transposed = torch.empty(_ROW, dtype=torch.int64)
+
+    def no_copy(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("reshaped: a copy")
+
+    t = exact.t()
+    rounded = t.half()
+    assert rounded.stride() == t.stride() and not t.is_contiguous()
+    monkeypatch.setattr(torch.Tensor, "reshape", no_copy)
+    _fill_row(transposed, t, rounded)
+    monkeypatch.undo()
+    assert torch.equal(transposed, contiguous)
+    assert int(contiguous[0]) == len(range(0, 300, 7)) * 200  # the zeros, bucket 0

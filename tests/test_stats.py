@@ -301,3 +301,34 @@ def test_a_transposed_tensor_is_counted_in_memory_order_without_a_copy(
     monkeypatch.undo()
     gaps = base[:, ::2]
     assert queue.stats(queue.add(gaps, True)).zeros == int((gaps == 0).sum())
+
+
+def test_extremes_of_a_transposed_tensor_are_taken_on_its_flat_storage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``aminmax`` of a transposed tensor runs 4x slower than on the same storage read flat: the
+    queue and the gradient log reduce the flat view (same extremes); an expanded tensor, which
+    has no such view, is reduced as it is."""
+    from nan_hunter.precision.gradients import GradientLog
+    from nan_hunter.trace import deferred
+
+    seen: list[bool] = []
+    real = torch.aminmax
+
+    def watched(t: torch.Tensor, *args: object, **kwargs: object) -> object:
+        seen.append(t.is_contiguous())
+        return real(t, *args, **kwargs)  # type: ignore[arg-type]
+
+    t = torch.randn(300, 200).t()
+    expanded = torch.randn(1, 200).expand(300, 200)
+    monkeypatch.setattr(torch, "aminmax", watched)
+    queue = deferred.StatsQueue(FP16)
+    stats = [queue.stats(queue.add(x, False)) for x in (t, expanded)]
+    log = GradientLog(FP16)
+    log.record(t, t.half())
+    log.flush()
+    monkeypatch.undo()
+    assert seen == [True, False, True]
+    assert (stats[0].min, stats[0].max) == (float(t.min()), float(t.max()))
+    assert (stats[1].min, stats[1].max) == (float(expanded.min()), float(expanded.max()))
+    assert log.max_abs == float(t.abs().max())

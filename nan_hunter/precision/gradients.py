@@ -20,7 +20,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
-from nan_hunter.trace.stats import sample_size, sample_step
+from nan_hunter.trace.stats import dense_view, flat_values, sample_size, sample_step
 
 __all__ = [
     "Boundary", "FlushStats", "GradRecord", "GradientLog", "ScaleWindow", "scale_advice",
@@ -178,7 +178,9 @@ class GradientLog:
         with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
             data = exact.detach()
             key, at, views = self._buffer.take(data, 2)
-            torch.aminmax(data, out=(views[at], views[at + 1]))  # NaN and inf show here
+            dense = dense_view(data)  # a transposed gradient: several times faster flat
+            flat = data if dense is None else dense
+            torch.aminmax(flat, out=(views[at], views[at + 1]))  # NaN and inf show here
             if self._depth == 1 or self._held + size <= deferred.MAX_HELD_BYTES:  # NaN detail
                 held = (exact, rounded, version_of(exact), version_of(rounded))
                 self._held += size
@@ -512,9 +514,15 @@ def _exponent_counts(flat_exact: torch.Tensor) -> tuple[int, tuple[int, ...]]:
 
 
 def _fill_row(dest: torch.Tensor, exact: torch.Tensor, rounded: torch.Tensor) -> None:
-    """Writes ``dest`` (a ``_ROW`` row, on the device) over the strided sample ``_record_now``
-    takes: the exact values' bucket counts, then the rounded values that are nonzero."""
-    flat_exact, flat_rounded = exact.reshape(-1), rounded.reshape(-1)
+    """Writes ``dest`` (a ``_ROW`` row, on the device) over a strided sample of the kind
+    ``_record_now`` takes: the exact values' bucket counts, then the rounded values that are
+    nonzero. Both are
+    flattened in memory order when they share their layout (no copy of a transposed gradient;
+    the rounding keeps the layout), else in logical order."""
+    if exact.stride() == rounded.stride():
+        flat_exact, flat_rounded = flat_values(exact), flat_values(rounded)
+    else:
+        flat_exact, flat_rounded = exact.reshape(-1), rounded.reshape(-1)
     step = sample_step(flat_exact.numel())
     if step > 1:
         flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]

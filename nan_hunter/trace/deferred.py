@@ -23,6 +23,7 @@ import torch
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace.stats import (
     TensorStats,
+    dense_view,
     dtype_name,
     sample_of,
     sample_size,
@@ -248,10 +249,11 @@ class StatsQueue:
         if data.element_size() == 1:  # float8: no aminmax kernel; FP32 holds it exactly
             data = data.float()
         key, at, views = self._buffer.take(data, 2)
-        torch.aminmax(data, out=(views[at], views[at + 1]))
+        dense = dense_view(data)
+        torch.aminmax(data if dense is None else dense, out=(views[at], views[at + 1]))
         if not counts:
             return key, at, None
-        flat = _flat_view(data)
+        flat = dense if dense is not None else data.reshape(-1)
         count_key, count_at, counts_ = self._buffer.take(data, 3, torch.int64)
         shift = _HALF_MANTISSA_BITS.get(data.dtype) if data.dtype == self._fmt.dtype else None
         if shift is not None:
@@ -326,31 +328,6 @@ are in the buffer."""
 _HALF_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
 """The mantissa width of the 16-bit float formats: their magnitude bits shifted right by it
 leave the exponent field, 0 for zeros and subnormals."""
-
-
-def _flat_view(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values as a flat tensor, in memory order and without a copy when its elements fill
-    their span of storage once each (a transposed or permuted result, the heads of an attention
-    split): counts do not depend on the order, and ``reshape`` would copy it."""
-    if t.is_contiguous():
-        return t.view(-1)
-    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
-    if span == t.numel() and all(s > 0 for s in t.stride()) and _no_overlap(t):
-        return t.as_strided((t.numel(),), (1,), t.storage_offset())
-    return t.reshape(-1)
-
-
-def _no_overlap(t: torch.Tensor) -> bool:
-    """Whether no two of ``t``'s elements share a place: with the dimensions sorted by stride,
-    each stride is at least the extent of the dimensions below it."""
-    extent = 1
-    for stride, size in sorted(zip(t.stride(), t.shape, strict=True)):
-        if size == 1:
-            continue
-        if stride < extent:
-            return False
-        extent = stride * size
-    return True
 
 
 def _magnitude_bits(t: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ from nan_hunter.precision.formats import FP16, FloatFormat
 from nan_hunter.trace.summary import FLOAT_DTYPES, TensorStats, format_number
 
 __all__ = [
-    "EXACT_UP_TO", "SAMPLE", "TensorStats", "dtype_name", "format_number", "sample_of",
-    "sample_size", "sample_step", "scaled", "tensor_stats",
+    "EXACT_UP_TO", "SAMPLE", "TensorStats", "dense_view", "dtype_name", "flat_values",
+    "format_number", "sample_of", "sample_size", "sample_step", "scaled", "tensor_stats",
 ]
 
 _DTYPE_NAMES = {getattr(torch, name): name for name in FLOAT_DTYPES}
@@ -60,6 +60,41 @@ def sample_of(flat: torch.Tensor) -> tuple[torch.Tensor, float]:
         return flat, 1.0
     sample = flat[::step]
     return sample, n / sample.numel()
+
+
+def flat_values(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a flat tensor, in memory order and without a copy when its elements fill
+    their span of storage once each (``dense_view``); else flattened by ``reshape``, a copy."""
+    view = dense_view(t)
+    return view if view is not None else t.reshape(-1)
+
+
+def dense_view(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s values as a flat view in memory order, when its elements fill their span of
+    storage once each (a transposed or permuted result, the heads of an attention split); None
+    otherwise (a slice with gaps, an expanded tensor). Reductions do not depend on the order,
+    and run several times faster on the flat view than on a transposed tensor (``aminmax`` of a
+    transposed 512 x 512: 164 against 37 us); ``reshape`` would copy it. Two tensors with the
+    same shape and strides (a value and its rounded copy) come out in the same order."""
+    if t.is_contiguous():
+        return t.view(-1)
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    if span == t.numel() and all(s > 0 for s in t.stride()) and _no_overlap(t):
+        return t.as_strided((t.numel(),), (1,), t.storage_offset())
+    return None
+
+
+def _no_overlap(t: torch.Tensor) -> bool:
+    """Whether no two of ``t``'s elements share a place: with the dimensions sorted by stride,
+    each stride is at least the extent of the dimensions below it."""
+    extent = 1
+    for stride, size in sorted(zip(t.stride(), t.shape, strict=True)):
+        if size == 1:
+            continue
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
 
 
 def scaled(count: int, factor: float) -> int:
