@@ -113,8 +113,9 @@ class ModelState:
             p.grad = grad
         for p, flag in self._requires_grad:
             p.requires_grad_(flag)
-        for m, flag in self._training:
-            m.train(flag)
+        for m, flag in self._training:  # parents first: a parent's train() sets its children
+            if m.training != flag:  # (each call recurses, and may be the user's override)
+                m.train(flag)
         if unrestorable:
             names = {id(p): n for n, p in self._model.named_parameters()}
             raise UserCodeError(

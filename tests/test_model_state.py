@@ -120,3 +120,37 @@ def test_weights_written_in_forward_are_restored_without_a_full_copy() -> None:
     report = nan_hunter.scan(model, torch.randn(2, 4))
     assert report.ops > 0
     _assert_same(before, _snapshot(model))
+
+
+def test_modes_are_restored_without_calling_train_where_nothing_changed() -> None:
+    """A forward that switches a submodule's mode gets every flag back (a parent's ``train``
+    sets its children, so parents go first); a module whose mode did not change is not asked
+    to ``train`` again (an override may do more than set the flag)."""
+    from nan_hunter.runner import ModelState
+
+    calls: list[str] = []
+
+    class Counted(torch.nn.Linear):
+        def train(self, mode: bool = True) -> Counted:
+            calls.append(f"{mode}")
+            return super().train(mode)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept = Counted(4, 4)
+            self.block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout())
+            self.block[1].eval()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.block.eval()  # the user's code switches a mode mid-forward
+            return self.block(self.kept(x))
+
+    net = Net()
+    before = {n: m.training for n, m in net.named_modules()}
+    state = ModelState(net)
+    net(torch.randn(2, 4))
+    calls.clear()
+    state.restore()
+    assert {n: m.training for n, m in net.named_modules()} == before
+    assert calls == []

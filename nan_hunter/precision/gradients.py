@@ -178,7 +178,8 @@ class GradientLog:
         with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
             data = exact.detach()
             key, at, views = self._buffer.take(data, 2)
-            dense = dense_view(data)  # a transposed gradient: several times faster flat
+            # a transposed gradient: several times faster read flat
+            dense = data if data.is_contiguous() else dense_view(data)
             flat = data if dense is None else dense
             torch.aminmax(flat, out=(views[at], views[at + 1]))  # NaN and inf show here
             if self._depth == 1 or self._held + size <= deferred.MAX_HELD_BYTES:  # NaN detail

@@ -249,11 +249,12 @@ class StatsQueue:
         if data.element_size() == 1:  # float8: no aminmax kernel; FP32 holds it exactly
             data = data.float()
         key, at, views = self._buffer.take(data, 2)
-        dense = dense_view(data)
+        # a contiguous tensor as it is (a flat view of it would cost more than it saves)
+        dense = data if data.is_contiguous() else dense_view(data)
         torch.aminmax(data if dense is None else dense, out=(views[at], views[at + 1]))
         if not counts:
             return key, at, None
-        flat = dense if dense is not None else data.reshape(-1)
+        flat = data.reshape(-1) if dense is None else dense.view(-1)  # a copy if not dense
         count_key, count_at, counts_ = self._buffer.take(data, 3, torch.int64)
         shift = _HALF_MANTISSA_BITS.get(data.dtype) if data.dtype == self._fmt.dtype else None
         if shift is not None:
