@@ -178,8 +178,7 @@ class GradientLog:
         with torch._C._DisableTorchDispatch(), torch._C._DisableAutocast():
             data = exact.detach()
             key, at, views = self._buffer.take(data, 2)
-            # a transposed gradient: several times faster read flat
-            dense = data if data.is_contiguous() else dense_view(data)
+            dense = dense_view(data)  # a transposed gradient: several times faster read flat
             flat = data if dense is None else dense
             torch.aminmax(flat, out=(views[at], views[at + 1]))  # NaN and inf show here
             if self._depth == 1 or self._held + size <= deferred.MAX_HELD_BYTES:  # NaN detail
