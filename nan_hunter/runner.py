@@ -26,7 +26,7 @@ from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import frame_origin
-from nan_hunter.trace.stats import TensorStats, stored_values, tensor_stats
+from nan_hunter.trace.stats import TensorStats, finite_flag, stored_values, tensor_stats
 
 
 @dataclass(frozen=True)
@@ -547,19 +547,17 @@ class _TracedForward:
 
 
 def _all_finite(grads: tuple[torch.Tensor | None, ...]) -> bool:
-    """Whether every gradient is finite: one max-magnitude per tensor (NaN and inf show in it),
-    one read back."""
-    values = [
-        stored_values(g) if g.layout != torch.strided else g.detach()
-        for g in grads
-        if g is not None and g.is_floating_point()
-    ]
-    present = [v for v in values if v.numel() > 0]  # empty, or sparse and storing none
-    if not present:
-        return True
+    """Whether every gradient is finite, one read back: a sum per tensor on a CPU (NaN and inf
+    propagate; ``_foreach_norm(inf)`` there took 97 ms over 31.6M values, the sums 6 ms), one
+    fused max-magnitude per device on a GPU (``finite_flag``). A sum that overflows FP32 on
+    finite values is told apart by an exact check of each tensor, run only then."""
+    present = [g for g in grads if g is not None and g.is_floating_point()]
     with torch._C._DisableTorchDispatch():
-        norms = torch._foreach_norm(present, float("inf"))
-        return bool(torch.stack([n.float() for n in norms]).isfinite().all())
+        flag = finite_flag(present)
+        if flag is None or bool(flag):
+            return True
+        values = [stored_values(g) if g.layout != torch.strided else g.detach() for g in present]
+        return all(bool(torch.isfinite(v).all()) for v in values)
 
 
 def _param_grads(

@@ -237,6 +237,17 @@ def test_a_parameter_without_values_does_not_stop_the_gradients_check() -> None:
     assert not runner._all_finite((torch.tensor([1.0, float("inf")]),))
 
 
+def test_all_finite_tells_an_overflowing_sum_from_a_non_finite_value() -> None:
+    """The cheap check sums each gradient: a sum beyond FP32's range on finite values is
+    checked exactly, not taken for inf."""
+    big = torch.full((4,), 3e38)
+    assert not torch.isfinite(big.sum())
+    assert runner._all_finite((torch.ones(3), big))
+    assert runner._all_finite((torch.full((8,), 60000.0, dtype=torch.float16),))
+    assert not runner._all_finite((big, torch.tensor([0.0, float("nan")])))
+    assert not runner._all_finite((torch.tensor([float("-inf")], dtype=torch.float16),))
+
+
 def test_a_model_with_dropout_backs_off_on_one_forward() -> None:
     """GradScaler's back-off analyses one step at several scales: one dropout mask for all of
     the backwards, and the same report for the same seed."""

@@ -2,51 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from nan_hunter.trace.stats import finite_flag
 from nan_hunter.training.verdict import Problem, Reason
 
-
-def finite_flag(tensors: Iterable[torch.Tensor]) -> torch.Tensor | None:
-    """A 0-dim bool tensor: every element of ``tensors`` is finite. No host sync; None when
-    there is nothing to check.
-
-    On a GPU: one fused max-abs reduction per device (``_foreach_norm`` with ``ord=inf``: NaN
-    and inf propagate, and unlike a 2-norm it cannot overflow on finite FP16). On a CPU, where
-    that reduction is slow, one sum per tensor, accumulated in at least FP32: NaN and inf
-    propagate too; only a sum beyond FP32's range (about 3.4e38, far past any gradient an
-    optimizer can use) would also read as non-finite."""
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for t in tensors:
-        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank's shard; ranks then agree
-            t = t.to_local()
-        if t.is_sparse:
-            t = t.coalesce().values()
-        if t.numel() and (t.is_floating_point() or t.is_complex()):
-            by_device.setdefault(t.device, []).append(t)
-    if not by_device:
-        return None
-    with torch.no_grad():
-        flags = [_group_finite(group) for group in by_device.values()]
-        if len(flags) == 1:
-            return flags[0]
-        first = flags[0].device
-        return torch.stack([f.to(first) for f in flags]).all()
-
-
-_LOW = (torch.float16, torch.bfloat16)
-
-
-def _group_finite(group: list[torch.Tensor]) -> torch.Tensor:
-    if group[0].device.type == "cpu":
-        sums = [t.sum(dtype=torch.float32) if t.dtype in _LOW else t.sum() for t in group]
-        return torch.stack(sums).isfinite().all()
-    return torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all()
+__all__ = [
+    "ScaleWatch", "bad_grad_names", "finite_flag", "grads_finite_flag", "params_finite",
+    "scaler_active",
+]  # fmt: skip
 
 
 def grads_finite_flag(params: Iterable[torch.Tensor]) -> torch.Tensor | None:
