@@ -51,3 +51,19 @@ def test_a_model_with_a_sparse_embedding_scans() -> None:
         ("NH401", "Tensor.float", "backward")
     ]
     assert report.backward_nodes == 7
+
+
+def test_half_mode_measures_a_sparse_gradient_as_its_dense_twin() -> None:
+    """In half mode the embedding's sparse gradient is FP16 and rounded by the emulation: the
+    gradient log measures its stored values (it crashed on ``aminmax`` of a sparse tensor, and
+    the crash was blamed on the model). The loss-scale window is the dense twin's."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1000, (4, 8))
+    sparse = _Recommender(1e-3)
+    dense = _Recommender(1e-3)
+    dense.emb.sparse = False
+    dense.load_state_dict(sparse.state_dict())
+    reports = [scan(m, ids, mode="half") for m in (sparse, dense)]
+    assert reports[0].status == reports[1].status == "clean"
+    assert reports[0].loss_scale == reports[1].loss_scale
+    assert reports[0].loss_scale is not None and reports[0].loss_scale.low is not None

@@ -20,7 +20,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
-from nan_hunter.trace.stats import dense_view, flat_values, sample_size, sample_step
+from nan_hunter.trace.stats import dense_view, flat_values, sample_size, sample_step, stored_values
 
 __all__ = [
     "Boundary", "FlushStats", "GradRecord", "GradientLog", "ScaleWindow", "scale_advice",
@@ -171,6 +171,10 @@ class GradientLog:
         self._records[rounded] = slot
         if boundary:
             self._boundaries.append((tuple(rounded.shape), slot))
+        if exact.layout != torch.strided or rounded.layout != torch.strided:
+            # A sparse gradient (``Embedding(sparse=True)`` in half mode): what rounding did to
+            # the values it stores (those it does not store are zeros, exact and rounded).
+            exact, rounded = stored_values(exact), stored_values(rounded)
         n = exact.numel()
         full = boundary or self._wants_histogram(rounded)
         size = n * (exact.element_size() + rounded.element_size())
