@@ -12,6 +12,7 @@ import gc
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -601,6 +602,8 @@ def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
     except (UserCodeError, StaleStatistics, UnmeasuredGradient):
         raise
     except Exception as exc:
+        if _raised_by_nan_hunter(exc):
+            raise  # our own bug: an internal error, not the model's
         frame = _last_user_frame(exc)
         where = f" in module '{modules.current}'" if modules.current else ""
         executed = ", ".join(repr(m) for m in modules.executed[-3:])
@@ -611,6 +614,34 @@ def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
             f"{first_line(exc)}{context}",
             user_frame=frame,
         ) from exc
+
+
+_PASSES_ON = frozenset(
+    {
+        ("trace/tracer.py", "__torch_function__"), ("precision/emulation.py", "__torch_dispatch__"),
+        ("precision/override.py", "kernel"), ("precision/replay.py", "replay_in_fp32"),
+        ("precision/device_alias.py", "<lambda>"), ("runner.py", "run"), ("runner.py", "backward"),
+    }
+)  # fmt: skip
+"""nan-hunter's functions that call the user's model, loss, ops or autograd: an exception that
+comes out of the call they pass on is the model's."""
+
+
+def _raised_by_nan_hunter(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by nan-hunter's own code (a statistic, the gradient log, a
+    hook), not by an op, a module or a function of the user's that it passed a call on to: the
+    innermost frame outside torch is nan-hunter's, and not one of ``_PASSES_ON``."""
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    for frame in reversed(frames):
+        filename = frame.f_code.co_filename
+        origin = frame_origin(filename)
+        if origin == "torch":
+            continue
+        if origin == "user":
+            return False
+        relative = Path(filename).resolve().as_posix().rsplit("/nan_hunter/", 1)[-1]
+        return (relative, frame.f_code.co_name) not in _PASSES_ON
+    return False
 
 
 def _last_user_frame(exc: BaseException) -> str | None:
