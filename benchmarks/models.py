@@ -113,6 +113,18 @@ class OpHeavy(nn.Module):
         return x
 
 
+class ScaledOutput(nn.Module):
+    """``inner``'s output times ``factor``: gradients ``factor`` times smaller everywhere."""
+
+    def __init__(self, inner: nn.Module, factor: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * self.factor
+
+
 def _seeded(seed: int) -> None:
     torch.manual_seed(seed)
 
@@ -135,6 +147,14 @@ def build_transformer(quick: bool = False) -> Built:
     if quick:
         return _encoder(seed=1, layers=2, d_model=256, heads=4, ffn=1024, batch=2, tokens=64)
     return _encoder(seed=1, layers=10, d_model=512, heads=8, ffn=2048, batch=4, tokens=128)
+
+
+def build_transformer_nh402(quick: bool = False) -> Built:
+    """``transformer`` with its output scaled by 1e-2: its gradients underflow FP16 at the
+    default loss scale (NH402), so a scan runs a second backward for the loss-scale window,
+    at the scale a cast boundary needs."""
+    model, x = build_transformer(quick)
+    return ScaledOutput(model, 1e-2), x
 
 
 def build_ophavy(quick: bool = False) -> Built:
@@ -171,6 +191,7 @@ def build_depth32(quick: bool = False) -> Built:
 
 BUILDERS: dict[str, Callable[[bool], Built]] = {
     "transformer": build_transformer,
+    "transformer-nh402": build_transformer_nh402,
     "ophavy": build_ophavy,
     "depth4": build_depth4,
     "depth8": build_depth8,
