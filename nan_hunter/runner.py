@@ -393,11 +393,13 @@ class PassRunner:
             estimated_zeros=False,
         )
 
-    def _traced_forward(self, depth: int | None, *, backward: bool) -> _TracedForward:
+    def _traced_forward(
+        self, depth: int | None, *, backward: bool, traced: bool = True
+    ) -> _TracedForward:
         return _TracedForward(
             self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
             half=self._half, count_all=self._count_all, depth=depth, backward=backward,
-            every_histogram=self._every_histogram, exact_zeros=self._exact_zeros,
+            every_histogram=self._every_histogram, exact_zeros=self._exact_zeros, traced=traced,
         )  # fmt: skip
 
     def _whole(
@@ -405,7 +407,9 @@ class PassRunner:
     ) -> PassResult:
         outer = self._outer() if self._outer is not None else None
         with outer or contextlib.nullcontext():
-            forward = self._traced_forward(depth, backward=self._backward)
+            # A pass without events only measures gradients: its forward is not traced (the
+            # emulated forward alone: 0.47 s instead of 0.57 s on the benchmark transformer).
+            forward = self._traced_forward(depth, backward=self._backward, traced=events)
             forward.rng = self._pass_rng
             self._forward = forward
             self.forwards += 1
@@ -434,12 +438,16 @@ class _TracedForward:
         backward: bool,
         every_histogram: bool = False,
         exact_zeros: bool = True,
+        traced: bool = True,
     ) -> None:
         from nan_hunter.trace.tracer import OpTracer
 
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._numerics, self._half, self._backward = numerics, half, backward
         self._every_histogram = every_histogram
+        self._traced = traced
+        """Whether the forward's ops are traced; without, it makes no events, and its graph is
+        neither kept nor reused (a later pass needs the events)."""
         self._state = ModelState(model)
         self._modules = ModuleTracker(
             model, on_output=lambda output: self._tracer.mark_escaped(output)
@@ -460,7 +468,8 @@ class _TracedForward:
 
     @property
     def output_bytes(self) -> int:
-        return self._tracer.output_bytes
+        """Bytes of the traced outputs; -1 when the forward was not traced (never kept)."""
+        return self._tracer.output_bytes if self._traced else -1
 
     @property
     def events(self) -> tuple[OpEvent, ...]:
@@ -476,7 +485,8 @@ class _TracedForward:
         if self._half:
             _to_dtype(model, self._fmt.dtype)
             batch = _batch_to(batch, self._fmt.dtype)
-        with modules, self._numerics(None), tracer, precision:
+        ops = tracer if self._traced else contextlib.nullcontext()
+        with modules, self._numerics(None), ops, precision:
             with _user_errors(modules, "forward"):
                 output = model(*batch.args, **batch.kwargs)
             tracer.in_loss = True
@@ -521,7 +531,7 @@ class _TracedForward:
                 param_grads = _param_grads(self._model, params, grads, gradients)
             if not events:
                 finite = _all_finite(grads) and (gradients is None or not gradients.overflowed)
-        self.reusable = retain or not backward_ran
+        self.reusable = (retain or not backward_ran) and self._traced
         return PassResult(
             events=self._events,
             grad_events=tuple(tracer.grad_events),

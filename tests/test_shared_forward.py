@@ -173,6 +173,28 @@ def test_a_gradients_only_backward_says_whether_they_stayed_finite() -> None:
         assert passes.forwards == 1
 
 
+def test_a_gradients_only_pass_without_the_kept_graph_runs_its_forward_untraced() -> None:
+    """Where the graph is not kept, a loss-scale window's pass runs the forward again: it only
+    measures gradients, so the forward runs emulated but not traced (no events), with the same
+    gradients; a later pass with events runs a traced forward of its own."""
+    from nan_hunter.precision.formats import FP16
+    from nan_hunter.precision.gradients import GradientLog
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    batch = torch.randn(4, 8)
+    with _window_runner(model, batch) as passes:
+        passes._retain_bytes = -1  # no graph kept: a forward per pass
+        traced = passes.run(1.0, GradientLog(FP16))
+        assert len(traced.events) == 3 and traced.grad_events  # linear, gelu, linear
+        measured = passes.run(1.0, GradientLog(FP16), events=False)
+        assert passes.forwards == 2 and measured.events == () and measured.grad_events == ()
+        assert measured.gradients_finite is True
+        assert measured.param_grads == traced.param_grads
+        again = passes.run(1.0, GradientLog(FP16))
+        assert passes.forwards == 3 and again.events == traced.events
+
+
 def test_a_finished_pass_lets_go_of_its_state_snapshot_and_batch() -> None:
     """Freed by reference counting alone (the collector is off here, and runs rarely during a
     scan): when the FP32 reference pass starts, the low-precision pass's copy of the buffers
