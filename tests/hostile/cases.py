@@ -250,6 +250,8 @@ def _pickle_payload() -> bytes:
 HELPER = "SCALE = 1.0\n"
 BREAKS_NAN_HUNTER = "import nan_hunter.api\nnan_hunter.api.scan_target = lambda *a, **k: 1 / 0\n"
 """A model that breaks nan-hunter itself: stands for a bug of ours inside the scan process."""
+BREAKS_THE_GRADIENT_LOG = "import nan_hunter.precision.gradients as g\ng._fill_row = None\n"
+"""... a bug of ours that strikes while the model's backward runs: not the model's error."""
 HANGS = model(build="import time\ntime.sleep(600)")
 LATIN1 = ("# -*- coding: latin-1 -*-\n# caf\xe9, na\xefve\n" + MATRIX).encode("latin-1")
 CRLF = MATRIX.replace("\n", "\r\n").encode()
@@ -381,6 +383,9 @@ CASES: list[Case] = [
     Case("internal-error-in-scan-process", SCAN, 2,
          r"internal error: ZeroDivisionError: division by zero \(use --debug for a traceback\)$",
          files={"model.py": model(top=BREAKS_NAN_HUNTER)}, child=True),
+    Case("internal-error-during-the-backward", SCAN, 2,
+         r"internal error: TypeError: 'NoneType' object is not callable \(use --debug for a "
+         r"traceback\)$", files={"model.py": model(top=BREAKS_THE_GRADIENT_LOG)}, child=True),
     # --- options: one line, exit 2, before any model code runs -------------------------------
     Case("select-unknown-code", (*SCAN, "--select", "NX101"), 2,
          r"command line: 'select' has an unknown rule code 'NX101'", files={"model.py": MATRIX}),
