@@ -440,7 +440,7 @@ class _TracedForward:
         exact_zeros: bool = True,
         traced: bool = True,
     ) -> None:
-        from nan_hunter.trace.tracer import OpTracer
+        from nan_hunter.trace.tracer import OpTracer, UntracedOps
 
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._numerics, self._half, self._backward = numerics, half, backward
@@ -456,6 +456,9 @@ class _TracedForward:
             self._modules, fmt, count_all=count_all, before_write=self._state.protect,
             depth=depth, exact_zeros=exact_zeros,
         )  # fmt: skip
+        self._ops = self._tracer if traced else UntracedOps(self._state.protect)
+        """The forward's function mode: the tracer, or without it what it does besides
+        recording (an in-place write to a parameter protected, a refused op replayed in FP32)."""
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._loss: torch.Tensor | None = None
         self._loss_stats: TensorStats | None = None
@@ -485,8 +488,7 @@ class _TracedForward:
         if self._half:
             _to_dtype(model, self._fmt.dtype)
             batch = _batch_to(batch, self._fmt.dtype)
-        ops = tracer if self._traced else contextlib.nullcontext()
-        with modules, self._numerics(None), ops, precision:
+        with modules, self._numerics(None), self._ops, precision:
             with _user_errors(modules, "forward"):
                 output = model(*batch.args, **batch.kwargs)
             tracer.in_loss = True

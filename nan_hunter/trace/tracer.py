@@ -415,6 +415,40 @@ class OpTracer(TorchFunctionMode):
         self._grad_records.append((len(self._grad_records), forward_index, incoming, produced))
 
 
+class UntracedOps(TorchFunctionMode):
+    """What ``OpTracer`` does to a call besides recording it, for a forward that is not traced
+    (a loss-scale window's pass): the tensor an in-place op is about to write goes to
+    ``before_write`` first (``ModelState.protect``: a parameter written in forward is restored
+    after the pass), and an op CUDA's autocast stops runs again in FP32, so the pass goes on
+    as the traced one did."""
+
+    def __init__(self, before_write: Callable[[torch.Tensor], None]) -> None:
+        super().__init__()
+        self._before_write = before_write
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = _base_name(func)
+        if name not in _VIEW_OPS and _is_inplace(name, kwargs):
+            in_tensors = [x for x in call_leaves(args, kwargs) if isinstance(x, torch.Tensor)]
+            written = kwargs.get("out", in_tensors[0] if in_tensors else None)
+            for t in written if isinstance(written, (tuple, list)) else (written,):
+                if isinstance(t, torch.Tensor):
+                    self._before_write(t)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as exc:
+            if policy_failure(exc) is None:
+                raise
+            return replay_in_fp32(func, args, kwargs)
+
+
 class _BackwardHooks:
     """Installs node hooks on the traced autograd nodes for one backward; removes them after."""
 
