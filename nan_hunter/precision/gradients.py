@@ -176,6 +176,8 @@ class GradientLog:
             # the values it stores (those it does not store are zeros, exact and rounded).
             exact, rounded = stored_values(exact), stored_values(rounded)
         n = exact.numel()
+        if n == 0:  # an empty gradient, or a sparse one storing none (padding ids only)
+            return
         full = boundary or self._wants_histogram(rounded)
         size = n * (exact.element_size() + rounded.element_size())
         held = row = None
