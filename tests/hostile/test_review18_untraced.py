@@ -2,7 +2,7 @@
 was not kept, the window's pass runs its forward without the tracer, and so without what the
 tracer does besides recording: an op CUDA's autocast stops is run again in FP32 (the scan goes
 on and reports it), and an in-place write to a parameter is announced so that the parameter is
-restored after the pass. The first two tests fail at 14bfaba (with ``RETAIN_BYTES`` large, the
+restored after the pass. The first three tests fail at 14bfaba (with ``RETAIN_BYTES`` large, the
 graph kept, they pass there): the report must be the same either way. The last one guards the
 fix: an op of the model failing in the untraced forward is still the model's error."""
 
@@ -81,6 +81,35 @@ def test_a_banned_op_is_replayed_in_the_untraced_forward_too(
     ]
     assert kept.loss_scale is not None
     assert _scan("", _banned_op_too, 0, monkeypatch) == kept  # at 14bfaba: "the model raised"
+
+
+class _MaskedAttention(nn.Module):
+    """The usual causal mask, ``masked_fill(mask, -1e9)`` on an FP16 score: CUDA stops it
+    (-1e9 does not fit FP16), the traced pass replays it in FP32 and reports NH104."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(32, 32)
+        self.out = nn.Linear(32, 256)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        scores = self.q(z) @ z.t()
+        mask = torch.ones_like(scores, dtype=torch.bool).triu(1)
+        return self.out(torch.softmax(scores.masked_fill(mask, -1e9), -1) @ z)
+
+
+def test_a_mask_constant_beyond_fp16_is_replayed_in_the_untraced_forward_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reports = []
+    for retain in (1 << 40, 0):  # at 14bfaba, 0: "the model raised RuntimeError ... overflow"
+        monkeypatch.setattr(runner, "RETAIN_BYTES", retain)
+        torch.manual_seed(0)
+        report = scan(_MaskedAttention(), _batch(), _underflowing_loss)
+        reports.append(dataclasses.replace(report, seconds=0.0))
+    assert [code for code, _ in _codes(reports[0])][:2] == ["NH104", "NH402"]
+    assert reports[0].loss_scale is not None
+    assert reports[1] == reports[0]
 
 
 @pytest.mark.parametrize("clip", ["no_grad", "data"])
