@@ -58,7 +58,8 @@ def output_leaves(obj: Any) -> Iterator[Any]:
             yield from output_leaves(item)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
-            yield from output_leaves(getattr(obj, f.name))
+            if hasattr(obj, f.name):  # a ``field(init=False)`` never set has no value
+                yield from output_leaves(getattr(obj, f.name))
     else:
         yield obj
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -642,13 +643,14 @@ comes out of the call they pass on is the model's."""
 def _raised_by_nan_hunter(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by nan-hunter's own code (a statistic, the gradient log, a
     hook), not by an op, a module or a function of the user's that it passed a call on to: the
-    innermost frame outside torch is nan-hunter's, and not one of ``_PASSES_ON``."""
+    innermost frame outside torch and Python's standard library is nan-hunter's, and not one of
+    ``_PASSES_ON``."""
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     for frame in reversed(frames):
         filename = frame.f_code.co_filename
         origin = frame_origin(filename)
-        if origin == "torch":
-            continue
+        if origin == "torch" or filename.startswith("<") or _in_stdlib(filename):
+            continue  # Python's own code (``<string>``: a dataclass's ``__init__``) passes it on
         if origin == "user":
             return False
         relative = Path(filename).resolve().as_posix().rsplit("/nan_hunter/", 1)[-1]
@@ -656,10 +658,21 @@ def _raised_by_nan_hunter(exc: BaseException) -> bool:
     return False
 
 
+_STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve()) + "/"
+
+
+def _in_stdlib(filename: str) -> bool:
+    """Whether ``filename`` is in Python's standard library (not an installed package there)."""
+    resolved = Path(filename).resolve().as_posix()
+    return resolved.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(
+        resolved[len(_STDLIB) :].split("/")
+    )
+
+
 def _last_user_frame(exc: BaseException) -> str | None:
     """``file:line`` of the innermost traceback frame in the user's own code."""
     found = None
     for summary in traceback.extract_tb(exc.__traceback__):
-        if frame_origin(summary.filename) == "user":
+        if frame_origin(summary.filename) == "user" and not _in_stdlib(summary.filename):
             found = f"{summary.filename}:{summary.lineno}"
     return found
