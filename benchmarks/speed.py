@@ -294,8 +294,8 @@ def scaling(results: list[dict[str, Any]], prefix: str, label: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--models", nargs="+", default=["transformer", "ophavy"],
-                        help="transformer, transformer-nh402, ophavy, depth (4..32), batch (1..16), "
-                        "or single depthN/batchN (default: transformer ophavy)")
+                        help="transformer, transformer-nh402, ophavy, depth (4..32), "
+                        "batch (1..16), or single depthN/batchN (default: transformer ophavy)")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")
     parser.add_argument("--quick", action="store_true", help="small models, 2 reps")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

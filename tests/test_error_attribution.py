@@ -1,7 +1,7 @@
 """An exception during a scan is the model's when its code (or an op it called, passed on by
-nan-hunter's tracer, emulation or autocast kernels) raised it, and nan-hunter's own when nan-hunter's
-code did: that one must not read "the model raised ..." (it sent users to debug a model that was
-fine: a crash in the gradient log on a sparse gradient did)."""
+nan-hunter's tracer, emulation or autocast kernels) raised it, and nan-hunter's own when
+nan-hunter's code did: that one must not read "the model raised ..." (it sent users to debug a
+model that was fine: a crash in the gradient log on a sparse gradient did)."""
 
 from __future__ import annotations
 
