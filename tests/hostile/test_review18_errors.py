@@ -7,7 +7,10 @@ the model's only when its code, or an op, hook or function it ran, raised it.
   "the model raised"; and a model's error raised there pointed at the library's line.
 - A model whose output is a dataclass with a field it never set (``field(init=False)``) is fine;
   the module tracker's walk of the output raised AttributeError on it (at 1836ecb an internal
-  error; before, "the model raised")."""
+  error; before, "the model raised").
+- Guards: every function ``_PASSES_ON`` names exists, and the model's errors that come out of
+  the autocast policy's kernel and the device alias are the model's (each fails without its
+  entry)."""
 
 from __future__ import annotations
 
@@ -107,3 +110,54 @@ def test_a_dataclass_output_with_a_field_never_set_scans(whole: bool) -> None:
     report = scan(model, x)
     assert report.status == "clean"
     assert report.loss_scale == scan(model.head.fc, x).loss_scale
+
+
+def test_every_function_that_passes_a_call_on_exists() -> None:
+    """``_PASSES_ON`` names functions by file and name: a renamed or moved one would turn the
+    model's errors that come out of it into internal errors, silently."""
+    import ast
+    from pathlib import Path
+
+    import nan_hunter
+    from nan_hunter.runner import _PASSES_ON
+
+    root = Path(nan_hunter.__file__).parent
+    for relative, name in sorted(_PASSES_ON):
+        tree = ast.parse((root / relative).read_text(encoding="utf-8"))
+        names = {
+            node.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        if any(isinstance(node, ast.Lambda) for node in ast.walk(tree)):
+            names.add("<lambda>")
+        assert name in names, f"{relative} defines no {name}"
+
+
+class _PolicyShapeError(_Model):
+    """A shape error in an op CUDA's autocast policy casts (``mm``, in the policy's kernel; with
+    real FP16 numerics, no emulation below it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(self.fc(x), torch.ones(3, 3))
+
+
+class _AliasedAutocastError(_Model):
+    """A bad device type given to ``torch.autocast`` (nan-hunter aliases "cuda" on a CPU)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cdua"):
+            return self.fc(x)
+
+
+@pytest.mark.parametrize(
+    ("model", "kind"),
+    [(_PolicyShapeError, "RuntimeError"), (_AliasedAutocastError, "RuntimeError")],
+    ids=["policy-kernel", "device-alias"],
+)
+def test_the_models_error_through_our_kernels_is_the_models(
+    model: type[nn.Module], kind: str
+) -> None:
+    torch.manual_seed(0)
+    with pytest.raises(UserCodeError, match=f"the model raised {kind} during forward"):
+        scan(model(), torch.randn(4, 8), numerics="real")
