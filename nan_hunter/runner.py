@@ -631,7 +631,8 @@ def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
 
 _PASSES_ON = frozenset(
     {
-        ("trace/tracer.py", "__torch_function__"), ("precision/emulation.py", "__torch_dispatch__"),
+        ("trace/tracer.py", "__torch_function__"), ("trace/tracer.py", "call_or_replay"),
+        ("precision/emulation.py", "__torch_dispatch__"),
         ("precision/override.py", "kernel"), ("precision/replay.py", "replay_in_fp32"),
         ("precision/device_alias.py", "<lambda>"), ("runner.py", "run"), ("runner.py", "backward"),
     }

@@ -223,19 +223,8 @@ class OpTracer(TorchFunctionMode):
         in_slots = tuple(self._slot_of(t) for t in in_tensors)
         producers = tuple(self._producer.get(t) for t in in_tensors)
         if self._before_write is not None and in_tensors and inplace:
-            written = kwargs.get("out", in_tensors[0])
-            for t in written if isinstance(written, (tuple, list)) else (written,):
-                if isinstance(t, torch.Tensor):
-                    self._before_write(t)
-        try:
-            out = func(*args, **kwargs)
-            failure = None
-        except RuntimeError as exc:
-            failure = policy_failure(exc)
-            if failure is None:
-                raise
-            # CUDA would stop here; report it and carry on in FP32 so the scan goes on.
-            out = replay_in_fp32(func, args, kwargs)
+            _protect_written(self._before_write, kwargs, in_tensors)
+        out, failure = call_or_replay(func, args, kwargs)
         out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
         if inplace and in_tensors:
             self._stats.pop(in_tensors[0], None)
@@ -437,16 +426,36 @@ class UntracedOps(TorchFunctionMode):
         name = _base_name(func)
         if name not in _VIEW_OPS and _is_inplace(name, kwargs):
             in_tensors = [x for x in call_leaves(args, kwargs) if isinstance(x, torch.Tensor)]
-            written = kwargs.get("out", in_tensors[0] if in_tensors else None)
-            for t in written if isinstance(written, (tuple, list)) else (written,):
-                if isinstance(t, torch.Tensor):
-                    self._before_write(t)
-        try:
-            return func(*args, **kwargs)
-        except RuntimeError as exc:
-            if policy_failure(exc) is None:
-                raise
-            return replay_in_fp32(func, args, kwargs)
+            if in_tensors:
+                _protect_written(self._before_write, kwargs, in_tensors)
+        return call_or_replay(func, args, kwargs)[0]
+
+
+def _protect_written(
+    before_write: Callable[[torch.Tensor], None],
+    kwargs: dict[str, Any],
+    in_tensors: list[torch.Tensor],
+) -> None:
+    """Hands the tensors an in-place op is about to write (``out=``, else its first input) to
+    ``before_write``."""
+    written = kwargs.get("out", in_tensors[0])
+    for t in written if isinstance(written, (tuple, list)) else (written,):
+        if isinstance(t, torch.Tensor):
+            before_write(t)
+
+
+def call_or_replay(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, PolicyFailure | None]:
+    """``func(*args, **kwargs)``, and None; for an op CUDA's autocast refuses, where CUDA would
+    stop, the op run again in FP32 (so the scan goes on), and the refusal to report."""
+    try:
+        return func(*args, **kwargs), None
+    except RuntimeError as exc:
+        failure = policy_failure(exc)
+        if failure is None:
+            raise
+        return replay_in_fp32(func, args, kwargs), failure
 
 
 class _BackwardHooks:
