@@ -96,6 +96,28 @@ def test_relabelling_ops_run_on_the_real_kernels() -> None:
     assert torch.equal(flipped, torch.flip(a, (1,))) and torch.equal(rolled, torch.roll(a, 3, 2))
 
 
+def test_an_embeddings_gradient_sums_repeated_ids_in_fp32_as_cuda_does() -> None:
+    """CUDA's embedding backward sums the gradient rows of a repeated id in FP32 and rounds the
+    sum once; the CPU's FP16 kernel adds them in FP16, where 2048 + 1 is 2048. Emulated, the
+    sum is CUDA's, and the half-mode weight's gradient gets its record for the loss-scale
+    window (native, it got none)."""
+    from nan_hunter.precision.gradients import GradientLog
+
+    emb = torch.nn.Embedding(10, 4).half()
+    ids = torch.zeros(4096, dtype=torch.long)
+    native = torch.autograd.grad(emb(ids).sum(), [emb.weight])[0]
+    assert native[0, 0].item() == 2048.0
+    log = GradientLog(FP16)
+    log.watch([emb.weight])
+    with LowPrecisionEmulation(gradients=log):
+        out = emb(ids)
+        (grad,) = torch.autograd.grad(out, [emb.weight], torch.ones_like(out))
+    assert torch.equal(grad[0], torch.full((4,), 4096.0, dtype=torch.float16))
+    assert not grad[1:].any()
+    (record,) = log.records_of([grad])
+    assert record is not None and record.flush.nonzero == 4
+
+
 def test_a_relabelled_gradient_keeps_its_record() -> None:
     """A parameter's gradient that leaves its emulated mm through ``_unsafe_view`` keeps the
     mm's record (inherited, the values are the same): no second record, no lost one."""

@@ -29,7 +29,8 @@ from nan_hunter.precision.gradients import GradientLog, current_node
 
 aten = torch.ops.aten
 
-# Data movement and constructors: exact in FP16 already, no arithmetic to emulate.
+# Data movement and constructors: exact in FP16 already, no arithmetic to emulate. (Not
+# ``embedding_dense_backward``: it sums the gradient rows of repeated ids, in FP32 on CUDA.)
 _NATIVE = frozenset(
     {
         aten._to_copy.default, aten.clone.default, aten.copy_.default, aten.cat.default,
@@ -37,8 +38,7 @@ _NATIVE = frozenset(
         aten.embedding.default, aten.where.self, aten.masked_fill.Scalar,
         aten.masked_fill.Tensor, aten.zeros_like.default, aten.ones_like.default,
         aten.empty_like.default, aten.full_like.default, aten.constant_pad_nd.default,
-        aten.slice_backward.default, aten.select_backward.default,
-        aten.embedding_dense_backward.default, aten.lift_fresh.default,
+        aten.slice_backward.default, aten.select_backward.default, aten.lift_fresh.default,
         aten._local_scalar_dense.default, aten.repeat.default,
     }
 )  # fmt: skip

@@ -43,7 +43,11 @@ def test_a_sparse_gradient_storing_no_values_scans_as_its_dense_twin(mode: str) 
     dense.load_state_dict(sparse.state_dict())
     reports = [scan(m, batch, mode=mode) for m in (sparse, dense)]
     assert reports[0].status == reports[1].status == "clean"
-    assert reports[0].loss_scale == reports[1].loss_scale
+    if mode == "autocast":  # FP32 embeddings: the same gradients, not rounded
+        assert reports[0].loss_scale == reports[1].loss_scale
+    else:  # the dense twin's summed rows are rounded, and measured; the sparse copies are not
+        assert reports[0].loss_scale is not None and reports[1].loss_scale is not None
+        assert reports[0].loss_scale.max_abs == reports[1].loss_scale.max_abs
 
 
 @pytest.mark.parametrize("mode", ["half", "autocast"])
