@@ -20,7 +20,17 @@ import signal
 import struct
 import sys
 import traceback
+import warnings
 from typing import Any, BinaryIO
+
+
+def quiet_torch_numpy_warning() -> None:
+    """torch's CPU wheels do not depend on numpy, and without it ``import torch`` warns "Failed
+    to initialize NumPy"; nan-hunter never needs numpy, so the CLI and the scan process hide
+    exactly that warning (before anything imports torch)."""
+    warnings.filterwarnings(
+        "ignore", message=r"Failed to initialize NumPy", category=UserWarning
+    )
 
 
 def send(channel: BinaryIO, message: tuple[Any, ...]) -> None:
@@ -115,6 +125,7 @@ def main() -> None:
         import faulthandler
 
         faulthandler.enable()  # a crash in native code prints the Python stack (after our line)
+    quiet_torch_numpy_warning()
     channel = os.fdopen(int(sys.argv[1]), "wb")
     board = NoteBoard(int(sys.argv[2]))
     func, arg = pickle.load(sys.stdin.buffer)

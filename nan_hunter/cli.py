@@ -14,15 +14,15 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 
 from nan_hunter import cli_options as o
+from nan_hunter._worker import quiet_torch_numpy_warning
 from nan_hunter.choices import OutputFormat
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OneLineErrors
 from nan_hunter.errors import NanHunterError
-from nan_hunter.scan_command import ScanJob, ScanRequest, fail, run_scan
-from nan_hunter.scan_command import _scan_job as _scan_job
-from nan_hunter.terminal import ColorChoice, quiet_torch_numpy_warning
+from nan_hunter.scan_command import ScanRequest, fail, run_scan
+from nan_hunter.scan_job import ScanJob
+from nan_hunter.terminal import ColorChoice
 
 quiet_torch_numpy_warning()  # before anything imports torch
 
@@ -126,6 +126,8 @@ def show_config(
 @app.command()
 def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. NH101.")]) -> None:
     """Show a rule's documentation: What, Why, Example, Fix."""
+    from rich.markdown import Markdown  # markdown-it and pygments: only this command
+
     from nan_hunter.report.catalog import rule_catalog
 
     rule = next((r for r in rule_catalog() if r.code == code.upper()), None)

@@ -16,15 +16,12 @@ import typer
 
 from nan_hunter.choices import Device, DType, FailOn, Mode, Numerics, OutputFormat, Policy
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
-from nan_hunter.errors import NanHunterError, first_line
-from nan_hunter.terminal import ColorChoice, quiet_torch_numpy_warning
-
-quiet_torch_numpy_warning()  # before anything imports torch (the scan process imports this module)
+from nan_hunter.errors import LoadError, NanHunterError, first_line
+from nan_hunter.scan_job import ScanJob, scan_job
+from nan_hunter.terminal import ColorChoice
 
 if TYPE_CHECKING:
-    from nan_hunter.config import Settings
     from nan_hunter.findings import Report
-    from nan_hunter.fixes.workflow import Applied
 
 
 @dataclass(frozen=True)
@@ -123,11 +120,14 @@ def run_scan(request: ScanRequest) -> None:
 
     def scan_one(path: str) -> Report:
         """The report of one model file, from its own scan process (``nan_hunter.isolation``)."""
+        if path.endswith(".py") and not Path(path).is_file():
+            # said here, before a scan process starts (and imports torch) only to say it
+            raise LoadError(f"model file not found: {path}")
         job = ScanJob(
             path, settings, (model_fn, batch_fn, loss_fn), weights, batch_file, steps, fix,
             fix_all, rounds, unsafe_fixes, backup,
         )
-        isolated = run_isolated(_scan_job, job, timeout=timeout, debug=debug, on_step=shown.step)
+        isolated = run_isolated(scan_job, job, timeout=timeout, debug=debug, on_step=shown.step)
         inputs.update((name, "a file the scan imported") for name in isolated.imported)
         report: Report = isolated.value
         return report
@@ -202,16 +202,6 @@ def fail(message: str, output: str = "") -> typer.Exit:
     return typer.Exit(EXIT_ERROR)
 
 
-def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> None:
-    for a in applied:
-        if a.fixed:
-            kept = f" (original kept as {a.backup.name})" if a.backup else ""
-            codes = ", ".join(f.code for f in a.fixed)
-            typer.echo(f"nan-hunter: {prefix}fixed {codes} in {a.file}{kept}", err=True)
-        for f, why in a.skipped:
-            typer.echo(f"nan-hunter: {prefix}not fixed: {f.code} ({why})", err=True)
-
-
 def _internal(exc: BaseException) -> str:
     """One line, even for an exception whose ``__str__`` raises."""
     try:
@@ -219,84 +209,6 @@ def _internal(exc: BaseException) -> str:
     except Exception:
         summary = type(exc).__name__
     return f"internal error: {summary} (use --debug for a traceback)"
-
-
-@dataclass(frozen=True)
-class ScanJob:
-    """What one model file's scan runs in its scan process (see ``nan_hunter.isolation``)."""
-
-    path: str
-    settings: Settings
-    names: tuple[str, str, str]
-    """``--model-fn``, ``--batch-fn``, ``--loss-fn``."""
-    weights: Path | None
-    batch_file: Path | None
-    steps: int | None
-    fix: bool
-    fix_all: bool
-    rounds: int
-    unsafe_fixes: bool
-    backup: bool
-
-
-def _scan_job(job: ScanJob) -> Report:
-    """The report of one model file, after --steps, --fix-all, verification and --fix: the part
-    of ``scan`` that runs the user's code."""
-    from nan_hunter.api import scan_file
-    from nan_hunter.fixes.workflow import apply_fixes
-    from nan_hunter.fixes.workflow import fix_all as run_fix_all
-    from nan_hunter.loader import Names, load_target, model_folder
-    from nan_hunter.suppressions import apply_suppressions
-    from nan_hunter.training import run_steps
-
-    path, settings, names, weights, batch_file = (
-        job.path, job.settings, Names(*job.names), job.weights, job.batch_file
-    )
-    steps, fix, fix_all, rounds, unsafe_fixes, backup = (
-        job.steps, job.fix, job.fix_all, job.rounds, job.unsafe_fixes, job.backup
-    )
-    # scan_file verifies each fix (nan_hunter.fixes.verify); --fix and --fix-all need it
-    verifying = settings.verify_fixes or fix or fix_all
-
-    def rescan(file: Path) -> Report:
-        return scan_file(
-            str(file), settings, names=names, weights=weights, batch_file=batch_file,
-            verify=verifying,
-        )
-
-    with model_folder(path):  # lazy sibling imports keep working for the whole run
-        if steps is not None:
-            result = run_steps(
-                load_target(path, names, weights=weights, batch_file=batch_file), settings, steps
-            )
-            where = (
-                f"step {result.first_bad_step} broke: {result.detail}"
-                if result.first_bad_step is not None
-                else "no step broke; scanned the final weights"
-            )
-            typer.echo(f"nan-hunter: trained {result.steps_run} step(s); {where}", err=True)
-            report = apply_suppressions(result.report)
-        else:
-            report = scan_file(
-                path, settings, names=names, weights=weights, batch_file=batch_file,
-                verify=verifying and not fix_all,
-            )
-        if fix_all:
-            outcome = run_fix_all(
-                Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
-                backup=backup,
-            )
-            for r in outcome.rounds:
-                _say_applied(r.applied, f"round {r.number}: ")
-            if outcome.stopped != "clean":
-                typer.echo(f"nan-hunter: --fix-all stopped: {outcome.stopped}", err=True)
-            report = outcome.report
-        if fix and not fix_all:
-            applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)
-            _say_applied(applied, "")
-            if any(a.fixed for a in applied):
-                report = rescan(Path(report.target.file))
-    return report
 
 
 def _absolute(path: Path | None) -> Path | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 import os
 import sys
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TextIO
@@ -41,14 +40,6 @@ class ColorChoice(str, enum.Enum):
     auto = "auto"
     always = "always"
     never = "never"
-
-
-def quiet_torch_numpy_warning() -> None:
-    """torch's CPU wheels do not depend on numpy, and without it ``import torch`` warns "Failed
-    to initialize NumPy"; nan-hunter never needs numpy, so the CLI hides exactly that warning."""
-    warnings.filterwarnings(
-        "ignore", message=r"Failed to initialize NumPy", category=UserWarning
-    )
 
 
 def wants_color(

@@ -106,6 +106,21 @@ def sample_batch():
 """
 
 
+def test_a_missing_model_file_is_said_before_a_scan_process_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan process imports torch (1.5 s of CPU) before the loader would find the file absent."""
+    import nan_hunter.isolation as isolation
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a scan process started")
+
+    monkeypatch.setattr(isolation, "run_isolated", no_process)
+    absent = tmp_path / "absent.py"
+    code, _, err = invoke("scan", str(absent))
+    assert (code, err) == (2, f"nan-hunter: error: model file not found: {absent}\n")
+
+
 @pytest.mark.parametrize(
     ("body", "args", "fragment"),
     [

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nan_hunter.cli import ScanJob, _scan_job
 from nan_hunter.config import load_settings
 from nan_hunter.isolation import IN_PROCESS_ENV, run_isolated
+from nan_hunter.scan_job import ScanJob, scan_job
 from tests.hostile.cases import model
 
 
@@ -23,7 +23,7 @@ def test_steps_of_the_scan_process_reach_on_step(
         None, False, False, 1, False, True,
     )
     steps: list[str] = []
-    isolated = run_isolated(_scan_job, job, on_step=steps.append)
+    isolated = run_isolated(scan_job, job, on_step=steps.append)
     assert isolated.value.errors == 0
     assert "calling build_model()" in steps
     assert str(work / "model.py") in isolated.imported
@@ -43,3 +43,24 @@ def test_debug_shows_the_traceback_of_an_internal_error(
     assert result.exit_code == 2
     assert "Traceback (most recent call last)" in result.stderr
     assert "ZeroDivisionError: division by zero" in result.stderr
+
+
+def test_the_scan_process_imports_no_command_line_libraries(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """typer (with pydantic), rich and markdown-it cost the scan process time on every scan and
+    do nothing there: the job runs from ``nan_hunter.scan_job``, which imports none of them."""
+    monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
+    build = (
+        "import sys\n"
+        "seen = [m for m in ('typer', 'rich', 'pydantic', 'markdown_it') if m in sys.modules]\n"
+        "open('seen.txt', 'w').write(','.join(seen) or 'none')\n"
+    )
+    (work / "model.py").write_text(model(build=build))
+    job = ScanJob(
+        "model.py", load_settings(), ("build_model", "sample_batch", "loss_fn"), None, None,
+        None, False, False, 1, False, True,
+    )
+    isolated = run_isolated(scan_job, job)
+    assert isolated.value.errors == 0
+    assert (work / "seen.txt").read_text() == "none"

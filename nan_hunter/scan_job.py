@@ -1,0 +1,112 @@
+"""What one model file's scan runs in its scan process (``nan_hunter.isolation``): the scan,
+then ``--steps``, ``--fix-all``, the fixes' verification and ``--fix``.
+
+Kept apart from the command line (``nan_hunter.scan_command``) so that the scan process imports
+neither typer nor rich: it starts on every ``nan-hunter scan``, and what it imports beyond the
+model's own needs is part of what a scan costs. What it says goes to stderr, which the CLI
+forwards after a scan (``nan_hunter.isolation``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nan_hunter.config import Settings
+    from nan_hunter.findings import Report
+    from nan_hunter.fixes.workflow import Applied
+
+
+@dataclass(frozen=True)
+class ScanJob:
+    """What one model file's scan runs in its scan process (see ``nan_hunter.isolation``)."""
+
+    path: str
+    settings: Settings
+    names: tuple[str, str, str]
+    """``--model-fn``, ``--batch-fn``, ``--loss-fn``."""
+    weights: Path | None
+    batch_file: Path | None
+    steps: int | None
+    fix: bool
+    fix_all: bool
+    rounds: int
+    unsafe_fixes: bool
+    backup: bool
+
+
+def scan_job(job: ScanJob) -> Report:
+    """The report of one model file, after --steps, --fix-all, verification and --fix: the part
+    of ``scan`` that runs the user's code."""
+    from nan_hunter.api import scan_file
+    from nan_hunter.fixes.workflow import apply_fixes
+    from nan_hunter.fixes.workflow import fix_all as run_fix_all
+    from nan_hunter.loader import Names, load_target, model_folder
+    from nan_hunter.suppressions import apply_suppressions
+    from nan_hunter.training import run_steps
+
+    path, settings, names, weights, batch_file = (
+        job.path, job.settings, Names(*job.names), job.weights, job.batch_file
+    )
+    steps, fix, fix_all, rounds, unsafe_fixes, backup = (
+        job.steps, job.fix, job.fix_all, job.rounds, job.unsafe_fixes, job.backup
+    )
+    # scan_file verifies each fix (nan_hunter.fixes.verify); --fix and --fix-all need it
+    verifying = settings.verify_fixes or fix or fix_all
+
+    def rescan(file: Path) -> Report:
+        return scan_file(
+            str(file), settings, names=names, weights=weights, batch_file=batch_file,
+            verify=verifying,
+        )
+
+    with model_folder(path):  # lazy sibling imports keep working for the whole run
+        if steps is not None:
+            result = run_steps(
+                load_target(path, names, weights=weights, batch_file=batch_file), settings, steps
+            )
+            where = (
+                f"step {result.first_bad_step} broke: {result.detail}"
+                if result.first_bad_step is not None
+                else "no step broke; scanned the final weights"
+            )
+            _say(f"nan-hunter: trained {result.steps_run} step(s); {where}")
+            report = apply_suppressions(result.report)
+        else:
+            report = scan_file(
+                path, settings, names=names, weights=weights, batch_file=batch_file,
+                verify=verifying and not fix_all,
+            )
+        if fix_all:
+            outcome = run_fix_all(
+                Path(report.target.file), rescan, rounds=rounds, unsafe=unsafe_fixes,
+                backup=backup,
+            )
+            for r in outcome.rounds:
+                _say_applied(r.applied, f"round {r.number}: ")
+            if outcome.stopped != "clean":
+                _say(f"nan-hunter: --fix-all stopped: {outcome.stopped}")
+            report = outcome.report
+        if fix and not fix_all:
+            applied = apply_fixes(report, unsafe=unsafe_fixes, backup=backup)
+            _say_applied(applied, "")
+            if any(a.fixed for a in applied):
+                report = rescan(Path(report.target.file))
+    return report
+
+
+def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> None:
+    for a in applied:
+        if a.fixed:
+            kept = f" (original kept as {a.backup.name})" if a.backup else ""
+            codes = ", ".join(f.code for f in a.fixed)
+            _say(f"nan-hunter: {prefix}fixed {codes} in {a.file}{kept}")
+        for f, why in a.skipped:
+            _say(f"nan-hunter: {prefix}not fixed: {f.code} ({why})")
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
