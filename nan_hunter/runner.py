@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import linecache
 import sysconfig
 import traceback
 from collections.abc import Callable, Iterator
@@ -491,11 +492,11 @@ class _TracedForward:
             batch = _batch_to(batch, self._fmt.dtype)
         with modules, self._numerics(None), self._ops, precision:
             with _user_errors(modules, "forward"):
-                output = model(*batch.args, **batch.kwargs)
+                output = model(*batch.args, **batch.kwargs)  # passes the call on
             tracer.in_loss = True
             if self._loss_fn is not None:
                 with _user_errors(modules, "loss_fn"):
-                    loss = self._loss_fn(output, batch.raw)
+                    loss = self._loss_fn(output, batch.raw)  # passes the call on
             else:
                 with tracer.paused():
                     loss = default_loss(output)
@@ -527,7 +528,9 @@ class _TracedForward:
                 gradients.watch(params, every=self._every_histogram)
             hooks = tracer.backward_hooks() if events else contextlib.nullcontext()
             with modules, self._numerics(gradients), hooks, _user_errors(modules, "backward"):
-                grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
+                grads = torch.autograd.grad(  # passes the call on
+                    scaled, params, allow_unused=True, retain_graph=retain
+                )
             backward_ran = True
             if gradients is not None:
                 gradients.flush()
@@ -629,6 +632,10 @@ def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
         ) from exc
 
 
+PASSES_ON_MARK = "# passes the call on"
+"""Ends each line of a ``_PASSES_ON`` function that calls the user's model, loss, ops or
+autograd (or raises an error that is the model's, such as a banned op's)."""
+
 _PASSES_ON = frozenset(
     {
         ("trace/tracer.py", "__torch_function__"), ("trace/tracer.py", "call_or_replay"),
@@ -638,16 +645,17 @@ _PASSES_ON = frozenset(
     }
 )  # fmt: skip
 """nan-hunter's functions that call the user's model, loss, ops or autograd: an exception that
-comes out of the call they pass on is the model's."""
+comes out of the call they pass on (a line marked with ``PASSES_ON_MARK``) is the model's; one
+from any other of their lines is ours."""
 
 
 def _raised_by_nan_hunter(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by nan-hunter's own code (a statistic, the gradient log, a
     hook), not by an op, a module or a function of the user's that it passed a call on to: the
     innermost frame outside torch and Python's standard library is nan-hunter's, and not one of
-    ``_PASSES_ON``."""
-    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    for frame in reversed(frames):
+    ``_PASSES_ON`` at a line that passes the call on."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    for frame, line in reversed(frames):
         filename = frame.f_code.co_filename
         origin = frame_origin(filename)
         if origin == "torch" or filename.startswith("<") or _in_stdlib(filename):
@@ -655,8 +663,17 @@ def _raised_by_nan_hunter(exc: BaseException) -> bool:
         if origin == "user":
             return False
         relative = Path(filename).resolve().as_posix().rsplit("/nan_hunter/", 1)[-1]
-        return (relative, frame.f_code.co_name) not in _PASSES_ON
+        if (relative, frame.f_code.co_name) not in _PASSES_ON:
+            return True
+        return not _passes_on(filename, line)
     return False
+
+
+def _passes_on(filename: str, line: int) -> bool:
+    """Whether ``filename``'s ``line`` is marked as passing a call on; without the source (an
+    install without .py files), every line of a ``_PASSES_ON`` function counts as such."""
+    text = linecache.getline(filename, line)
+    return not text or text.rstrip().endswith(PASSES_ON_MARK)
 
 
 _STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve()) + "/"

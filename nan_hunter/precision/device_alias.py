@@ -39,7 +39,7 @@ class DeviceAlias:
             self._patch(
                 autocast_mode.autocast,
                 "__init__",
-                lambda init: lambda obj, device_type, *a, **k: init(
+                lambda init: lambda obj, device_type, *a, **k: init(  # passes the call on
                     obj, mapped(device_type), *a, **k
                 ),
             )
@@ -47,12 +47,16 @@ class DeviceAlias:
                 self._patch(
                     torch,
                     name,
-                    lambda fn: lambda *a, **k: fn(*(mapped(x) for x in a), **k),
+                    lambda fn: lambda *a, **k: fn(  # passes the call on
+                        *(mapped(x) for x in a), **k
+                    ),
                 )
             self._patch(
                 autocast_mode,
                 "_cast",
-                lambda fn: lambda value, device_type, dtype: fn(value, mapped(device_type), dtype),
+                lambda fn: lambda value, device_type, dtype: fn(  # passes the call on
+                    value, mapped(device_type), dtype
+                ),
             )
         except BaseException:
             self._restore()

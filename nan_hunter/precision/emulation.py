@@ -106,7 +106,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
             call_leaves(args, kwargs)
         )
         if not self._eligible_op(func) or not _all_low(values, self.low):
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs)  # passes the call on
             if log is not None and args and _same_shape_tensors(args[0], out):
                 if args[0].dtype == torch.float32 and out.dtype == self.low:
                     log.record(args[0], out, boundary=True)  # an FP32 gradient cast down
@@ -134,11 +134,11 @@ class LowPrecisionEmulation(TorchDispatchMode):
             # emulate only when it names the low dtype itself, computing in FP32 instead.
             new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
             if not ok:
-                return func(*args, **kwargs)
+                return func(*args, **kwargs)  # passes the call on
             args, kwargs = new_args, new_kwargs
             up_args, up_kwargs = map_leaves(up, args), map_leaves(up, kwargs)
         self.emulated += 1
-        out = func(*up_args, **up_kwargs)
+        out = func(*up_args, **up_kwargs)  # passes the call on
         if in_backward:  # the new upcast copies and the FP32 result are freed (by the node's end)
             self.heap.freed(upcasts.take_copied() + _fp32_bytes(out))
         keep = _fp32_outputs(func, args)

@@ -101,7 +101,7 @@ class PolicyOverride:
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
             if cast is Cast.BANNED:
-                raise AutocastPolicyError(name, BANNED_MESSAGE)
+                raise AutocastPolicyError(name, BANNED_MESSAGE)  # passes the call on
             if cast is Cast.LOWER:
                 fn = _cast_to(low)
             elif cast is Cast.FP32 or (
@@ -113,7 +113,7 @@ class PolicyOverride:
             else:
                 fn = _identity
             with torch._C._ExcludeDispatchKeyGuard(exclude):
-                return op(*map_leaves(fn, args), **map_leaves(fn, kwargs))
+                return op(*map_leaves(fn, args), **map_leaves(fn, kwargs))  # passes the call on
 
         return kernel
 

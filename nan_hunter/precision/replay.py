@@ -35,7 +35,7 @@ def replay_in_fp32(
     with contextlib.ExitStack() as stack:
         for device in AUTOCAST_DEVICES:
             stack.enter_context(torch.autocast(device_type=device, enabled=False))
-        return func(*tree_map(up, args), **tree_map(up, kwargs))
+        return func(*tree_map(up, args), **tree_map(up, kwargs))  # passes the call on
 
 
 def fp32_context(device: str) -> contextlib.AbstractContextManager[object]:

@@ -208,12 +208,12 @@ class OpTracer(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if self._paused:
-            return func(*args, **kwargs)
+            return func(*args, **kwargs)  # passes the call on
         name = _base_name(func)
         flat = call_leaves(args, kwargs)
         in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         if name in _VIEW_OPS:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs)  # passes the call on
             self._inherit_producer(out, in_tensors)
             return out
         inplace = _is_inplace(name, kwargs)
@@ -224,7 +224,7 @@ class OpTracer(TorchFunctionMode):
         producers = tuple(self._producer.get(t) for t in in_tensors)
         if self._before_write is not None and in_tensors and inplace:
             _protect_written(self._before_write, kwargs, in_tensors)
-        out, failure = call_or_replay(func, args, kwargs)
+        out, failure = call_or_replay(func, args, kwargs)  # passes the call on
         out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
         if inplace and in_tensors:
             self._stats.pop(in_tensors[0], None)
@@ -428,7 +428,7 @@ class UntracedOps(TorchFunctionMode):
             in_tensors = [x for x in call_leaves(args, kwargs) if isinstance(x, torch.Tensor)]
             if in_tensors:
                 _protect_written(self._before_write, kwargs, in_tensors)
-        return call_or_replay(func, args, kwargs)[0]
+        return call_or_replay(func, args, kwargs)[0]  # passes the call on
 
 
 def _protect_written(
@@ -450,12 +450,12 @@ def call_or_replay(
     """``func(*args, **kwargs)``, and None; for an op CUDA's autocast refuses, where CUDA would
     stop, the op run again in FP32 (so the scan goes on), and the refusal to report."""
     try:
-        return func(*args, **kwargs), None
+        return func(*args, **kwargs), None  # passes the call on
     except RuntimeError as exc:
         failure = policy_failure(exc)
         if failure is None:
             raise
-        return replay_in_fp32(func, args, kwargs), failure
+        return replay_in_fp32(func, args, kwargs), failure  # passes the call on
 
 
 class _BackwardHooks:
