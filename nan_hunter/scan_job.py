@@ -9,6 +9,8 @@ forwards after a scan (``nan_hunter.isolation``).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,4 +111,13 @@ def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> N
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr)
+    """``message`` on stderr, even when the model's code closed or replaced ``sys.stderr``: the
+    report must not be lost to a note about it (a file already fixed and the scan "failed")."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            print(message, file=stream, flush=True)
+            return
+        except Exception:  # closed, detached, or a replacement that raises
+            continue
+    with contextlib.suppress(OSError):
+        os.write(2, f"{message}\n".encode(errors="replace"))
