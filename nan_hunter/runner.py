@@ -645,15 +645,24 @@ _PASSES_ON = frozenset(
     }
 )  # fmt: skip
 """nan-hunter's functions that call the user's model, loss, ops or autograd: an exception that
-comes out of the call they pass on (a line marked with ``PASSES_ON_MARK``) is the model's; one
-from any other of their lines is ours."""
+comes out of the call they pass on (a line marked with ``PASSES_ON_MARK``) is the model's if
+whoever called them made the call for the model (see ``_raised_by_nan_hunter``); one from any
+other of their lines is ours."""
+
+_CALLS_THE_MODEL = frozenset({("runner.py", "run"), ("runner.py", "backward")})
+"""The ``_PASSES_ON`` functions that call the model, its loss or autograd for the scan itself:
+their callers are nan-hunter's passes, which made the call for the model."""
 
 
 def _raised_by_nan_hunter(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by nan-hunter's own code (a statistic, the gradient log, a
     hook), not by an op, a module or a function of the user's that it passed a call on to: the
     innermost frame outside torch and Python's standard library is nan-hunter's, and not one of
-    ``_PASSES_ON`` at a line that passes the call on."""
+    ``_PASSES_ON`` at a line that passes the call on; or it is, and the call was passed on for
+    nan-hunter's own code (a hook of ours or the tracer's bookkeeping calling a torch function
+    that the tracer, the emulation or the device alias passes on): outwards from a pass-on
+    frame, the next frame outside torch and the standard library decides, up to the frame
+    that called the model (``_CALLS_THE_MODEL``)."""
     frames = list(traceback.walk_tb(exc.__traceback__))
     for frame, line in reversed(frames):
         filename = frame.f_code.co_filename
@@ -663,9 +672,11 @@ def _raised_by_nan_hunter(exc: BaseException) -> bool:
         if origin == "user":
             return False
         relative = Path(filename).resolve().as_posix().rsplit("/nan_hunter/", 1)[-1]
-        if (relative, frame.f_code.co_name) not in _PASSES_ON:
+        function = (relative, frame.f_code.co_name)
+        if function not in _PASSES_ON or not _passes_on(filename, line):
             return True
-        return not _passes_on(filename, line)
+        if function in _CALLS_THE_MODEL:
+            return False
     return False
 
 
