@@ -56,7 +56,11 @@ def search_start(paths: Iterable[str]) -> Path:
     folders = []
     for raw in paths:
         path = Path(raw)
-        if path.exists():
+        try:
+            exists = path.exists()
+        except OSError:  # a name too long, a folder it may not enter: its scan says so
+            continue
+        if exists:
             resolved = path.resolve()
             folders.append(resolved if resolved.is_dir() else resolved.parent)
     if not folders:

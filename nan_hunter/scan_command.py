@@ -120,9 +120,14 @@ def run_scan(request: ScanRequest) -> None:
 
     def scan_one(path: str) -> Report:
         """The report of one model file, from its own scan process (``nan_hunter.isolation``)."""
-        if path.endswith(".py") and not Path(path).is_file():
+        if path.endswith(".py"):
             # said here, before a scan process starts (and imports torch) only to say it
-            raise LoadError(f"model file not found: {path}")
+            try:
+                found = Path(path).is_file()
+            except OSError as exc:  # a name too long, a folder it may not enter
+                raise LoadError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+            if not found:
+                raise LoadError(f"model file not found: {path}")
         job = ScanJob(
             path, settings, (model_fn, batch_fn, loss_fn), weights, batch_file, steps, fix,
             fix_all, rounds, unsafe_fixes, backup,

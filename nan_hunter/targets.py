@@ -23,7 +23,7 @@ def expand_paths(paths: Iterable[str], model_fn: str) -> list[str]:
     files: list[str] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
+        if _is_dir(path):
             found = [str(p) for p in _python_files(path) if defines(p, model_fn)]
             if not found:
                 raise LoadError(f"{raw}: no .py file below this folder defines {model_fn}()")
@@ -31,6 +31,15 @@ def expand_paths(paths: Iterable[str], model_fn: str) -> list[str]:
         else:
             files.append(raw)
     return list(dict.fromkeys(files))
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``; False where the system cannot look (a name too long, a folder it may
+    not enter): the path is kept as given, and its scan says why it cannot be read."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def _python_files(folder: Path) -> Iterator[Path]:
