@@ -461,6 +461,8 @@ CASES: list[Case] = [
          files={"models/a.py": CLEAN, "models/b.py": model(top="import sys\nsys.exit(0)")},
          child=True, check=_other_model_scanned),
     Case("missing-model-file", ("scan", "absent.py"), 2, "model file not found: absent.py"),
+    Case("model-file-name-too-long", ("scan", "m" * 300 + ".py"), 2,
+         r"cannot read model file m{300}\.py: "),
     Case("syntax-error", SCAN, 2, r"syntax error in .*model\.py:1",
          files={"model.py": "def broken(:\n"}),
     Case("undecodable-source", SCAN, 2, r"syntax error in .*model\.py",
