@@ -133,15 +133,17 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def default_loss(output: Any) -> torch.Tensor:
-    """Sum of the means of all floating-point tensors in ``output`` (any nesting)."""
-    terms = [
-        t.float().mean()
-        for t in output_leaves(output)
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+    """Sum of the means of all dense floating-point tensors in ``output`` (any nesting; a sparse
+    tensor has no ``mean``)."""
+    floats = [
+        t for t in output_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()
     ]
+    terms = [t.float().mean() for t in floats if t.layout == torch.strided and t.numel() > 0]
     if not terms:
+        sparse = any(t.layout != torch.strided for t in floats)
         raise UserCodeError(
-            "the model's output holds no floating-point tensor to build a loss from; "
+            "the model's output holds no floating-point tensor to build a loss from"
+            f"{' (a sparse one has no mean)' if sparse else ''}; "
             "define loss_fn(output, batch) in the model file"
         )
     return torch.stack(terms).sum()
@@ -498,7 +500,7 @@ class _TracedForward:
                 with _user_errors(modules, "loss_fn"):
                     loss = self._loss_fn(output, batch.raw)  # passes the call on
             else:
-                with tracer.paused():
+                with tracer.paused(), _user_errors(modules, "the default loss"):
                     loss = default_loss(output)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise UserCodeError(f"loss_fn must return a scalar tensor, got {_describe(loss)}")
