@@ -231,7 +231,7 @@ def model_folder(spec: str) -> AbstractContextManager[None]:
     ``sys.path``: for the whole scan, so that imports inside ``build_model()`` or ``forward``
     find the model's siblings."""
     path = Path(spec)
-    if spec.endswith(".py") or path.exists():
+    if spec.endswith(".py") or _exists(path, spec):
         return folder_on_path(path.resolve().parent)
     return folder_on_path(Path.cwd())
 
@@ -275,7 +275,7 @@ def forget_stale_modules(folder: Path) -> None:
 def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
     """Import a file path (``models/net.py``) or a dotted module name (``pkg.net``)."""
     path = Path(spec)
-    if spec.endswith(".py") or path.exists():
+    if spec.endswith(".py") or _exists(path, spec):
         if path.is_dir():
             raise LoadError(
                 f"{spec} is a folder, not a model file: name the .py file (or a pkg.module)"
@@ -310,6 +310,15 @@ def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
             ):
                 raise LoadError(f"model file or module not found: {spec}") from None
             raise
+
+
+def _exists(path: Path, spec: str) -> bool:
+    """``path.exists()``; a path the system cannot look at (a name too long, a folder the user
+    may not enter) is a ``LoadError`` that says why, not a module name to import."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise LoadError(f"cannot read {spec}: {exc.strerror or exc}") from None
 
 
 def _run_user(action: Callable[[], Any], what: str, file: str | None = None) -> Any:

@@ -225,7 +225,7 @@ def _inputs(
 ) -> dict[str, str]:
     """Real path -> what it is, for every file the scan reads that we know of before it runs."""
     named: list[tuple[str, Path | None]] = [
-        ("the model file", Path(s)) for s in specs if s.endswith(".py") or Path(s).exists()
+        ("the model file", Path(s)) for s in specs if s.endswith(".py") or _exists(Path(s))
     ]
     named += [
         ("the --weights file", weights),
@@ -233,6 +233,14 @@ def _inputs(
         ("the --config file", config),
     ]
     return {os.path.realpath(p): what for what, p in named if p is not None}
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False where the system cannot look (its scan says why)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _refuse_overwrite(output: Path | None, patch: Path | None, protected: dict[str, str]) -> None:

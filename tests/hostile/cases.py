@@ -463,6 +463,7 @@ CASES: list[Case] = [
     Case("missing-model-file", ("scan", "absent.py"), 2, "model file not found: absent.py"),
     Case("model-file-name-too-long", ("scan", "m" * 300 + ".py"), 2,
          r"cannot read model file m{300}\.py: "),
+    Case("model-spec-name-too-long", ("scan", "m" * 300), 2, r"cannot read m{300}: "),
     Case("syntax-error", SCAN, 2, r"syntax error in .*model\.py:1",
          files={"model.py": "def broken(:\n"}),
     Case("undecodable-source", SCAN, 2, r"syntax error in .*model\.py",

@@ -2,7 +2,8 @@
 system cannot even look at (a name longer than the file system allows; a folder the user may not
 enter, which a root test cannot make) is a file that cannot be read, in one line, exit 2; and
 with several files, the others still scan. At 7dd01da (as at 9a3dd77, in the folder expansion
-before) the ``OSError`` of ``Path.is_dir``/``is_file`` ended the whole run as an internal error."""
+before) the ``OSError`` of ``Path.is_dir``/``is_file`` ended the whole run as an internal error;
+so did the loader's ``Path.exists`` for a name without ``.py`` (a module name or a folder)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,10 @@ def test_a_name_too_long_among_several_files_fails_alone(work: Path) -> None:
     message = f"cannot read model file {_TOO_LONG}: {_WHY}"
     assert data["failed"] == [{"path": _TOO_LONG, "message": message}]
     assert err == f"nan-hunter: error: {_TOO_LONG}: {message}\n"
+
+
+def test_a_name_too_long_without_py_is_a_path_that_cannot_be_read(work: Path) -> None:
+    name = _TOO_LONG.removesuffix(".py")
+    code, out, err = _invoke("scan", name)
+    assert (code, out) == (2, "")
+    assert err == f"nan-hunter: error: cannot read {name}: {_WHY}\n"
