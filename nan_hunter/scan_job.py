@@ -114,6 +114,8 @@ def _say(message: str) -> None:
     """``message`` on stderr, even when the model's code closed or replaced ``sys.stderr``: the
     report must not be lost to a note about it (a file already fixed and the scan "failed")."""
     for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:  # print(file=None) would write to stdout, where the report goes
+            continue
         try:
             print(message, file=stream, flush=True)
             return

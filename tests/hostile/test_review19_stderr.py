@@ -6,6 +6,7 @@ in "internal error: ValueError: I/O operation on closed file" with no report).""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,12 @@ from typer.testing import CliRunner
 
 from nan_hunter.cli import app
 from nan_hunter.isolation import IN_PROCESS_ENV
+from nan_hunter.scan_job import _say
 from tests.hostile.cases import MATRIX
 
 BREAKS_STDERR = {
     "closed": "import sys as _sys\n_sys.stderr.close()\n",
+    "none": "import sys as _sys\n_sys.stderr = None\n",
     "raising": (
         "import sys as _sys\n"
         "class _Raises:\n"
@@ -40,3 +43,14 @@ def test_a_fix_note_survives_a_broken_stderr(
     assert json.loads(result.stdout)["summary"]["errors"] == 0
     assert "nan-hunter: fixed NH101 in " in result.stderr
     assert "torch.autocast" in (work / "model.py").read_text()
+
+
+def test_a_note_never_goes_to_stdout(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``sys.stderr = None``: ``print(file=None)`` would write to stdout, the report's stream
+    when the job runs in the CLI's own process (``NAN_HUNTER_IN_PROCESS=1``)."""
+    monkeypatch.setattr(sys, "stderr", None)
+    _say("nan-hunter: fixed NH101 in model.py")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "nan-hunter: fixed NH101 in model.py\n")
