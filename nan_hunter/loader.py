@@ -28,6 +28,7 @@ import torch
 from nan_hunter import activity
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import LoadError, UserCodeError, first_line
+from nan_hunter.targets import check_model_file
 from nan_hunter.trace.source import frame_origin
 
 
@@ -276,12 +277,7 @@ def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
     """Import a file path (``models/net.py``) or a dotted module name (``pkg.net``)."""
     path = Path(spec)
     if spec.endswith(".py") or _exists(path, spec):
-        if path.is_dir():
-            raise LoadError(
-                f"{spec} is a folder, not a model file: name the .py file (or a pkg.module)"
-            )
-        if not path.is_file():
-            raise LoadError(f"model file not found: {spec}")
+        check_model_file(spec)
         _check_source(path, spec)
         path = path.resolve()
         forget_stale_modules(path.parent)

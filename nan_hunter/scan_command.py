@@ -16,7 +16,7 @@ import typer
 
 from nan_hunter.choices import Device, DType, FailOn, Mode, Numerics, OutputFormat, Policy
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
-from nan_hunter.errors import LoadError, NanHunterError, first_line
+from nan_hunter.errors import NanHunterError, first_line
 from nan_hunter.scan_job import ScanJob, scan_job
 from nan_hunter.terminal import ColorChoice
 
@@ -79,7 +79,7 @@ def run_scan(request: ScanRequest) -> None:
     from nan_hunter.fixes.select import select_fixes
     from nan_hunter.isolation import run_isolated
     from nan_hunter.project import project_root
-    from nan_hunter.targets import expand_paths
+    from nan_hunter.targets import check_model_file, expand_paths
     from nan_hunter.terminal import progress_display, report_width, wants_color
 
     debug = debug or bool(os.environ.get("NAN_HUNTER_DEBUG"))
@@ -120,14 +120,8 @@ def run_scan(request: ScanRequest) -> None:
 
     def scan_one(path: str) -> Report:
         """The report of one model file, from its own scan process (``nan_hunter.isolation``)."""
-        if path.endswith(".py"):
-            # said here, before a scan process starts (and imports torch) only to say it
-            try:
-                found = Path(path).is_file()
-            except OSError as exc:  # a name too long, a folder it may not enter
-                raise LoadError(f"cannot read model file {path}: {exc.strerror or exc}") from None
-            if not found:
-                raise LoadError(f"model file not found: {path}")
+        if path.endswith(".py"):  # said before a scan process starts (and imports torch)
+            check_model_file(path)
         job = ScanJob(
             path, settings, (model_fn, batch_fn, loss_fn), weights, batch_file, steps, fix,
             fix_all, rounds, unsafe_fixes, backup,

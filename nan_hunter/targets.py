@@ -33,6 +33,24 @@ def expand_paths(paths: Iterable[str], model_fn: str) -> list[str]:
     return list(dict.fromkeys(files))
 
 
+def check_model_file(spec: str) -> None:
+    """Raises the ``LoadError`` that says why the model file ``spec`` cannot be imported: a
+    folder, missing, or a path the system cannot look at (a name too long, a folder the user
+    may not enter). The CLI asks before it starts a scan process (which imports torch only to
+    say so), the loader before it imports the file."""
+    path = Path(spec)
+    try:
+        folder, found = path.is_dir(), path.is_file()
+    except OSError as exc:
+        raise LoadError(f"cannot read model file {spec}: {exc.strerror or exc}") from None
+    if folder:
+        raise LoadError(
+            f"{spec} is a folder, not a model file: name the .py file (or a pkg.module)"
+        )
+    if not found:
+        raise LoadError(f"model file not found: {spec}")
+
+
 def _is_dir(path: Path) -> bool:
     """``path.is_dir()``; False where the system cannot look (a name too long, a folder it may
     not enter): the path is kept as given, and its scan says why it cannot be read."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -49,3 +50,17 @@ def test_a_name_too_long_without_py_is_a_path_that_cannot_be_read(work: Path) ->
     code, out, err = _invoke("scan", name)
     assert (code, out) == (2, "")
     assert err == f"nan-hunter: error: cannot read {name}: {_WHY}\n"
+
+
+def test_the_python_api_says_the_same(work: Path) -> None:
+    """``scan_file`` loads in the caller's process: the loader asks the same check as the CLI
+    (``targets.check_model_file``; before, its ``Path.is_dir`` raised ``OSError``)."""
+    import pytest
+
+    from nan_hunter import scan_file
+    from nan_hunter.errors import LoadError
+
+    with pytest.raises(LoadError, match=re.escape(f"cannot read model file {_TOO_LONG}: {_WHY}")):
+        scan_file(_TOO_LONG)
+    with pytest.raises(LoadError, match=r"^model file not found: absent\.py$"):
+        scan_file("absent.py")
