@@ -22,6 +22,10 @@ class LoadError(NanHunterError):
     """The user's model file, its functions, weights or batch could not be loaded."""
 
 
+class UnsupportedError(NanHunterError):
+    """The model computes with something a scan cannot follow (a nested tensor)."""
+
+
 class UserCodeError(NanHunterError):
     """The user's own code raised while nan-hunter ran it."""
 

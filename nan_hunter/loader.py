@@ -189,6 +189,11 @@ def _check_batch(raw: Any, source: str) -> None:
             )
         if tensor.is_meta:
             raise LoadError(f"{source} returned a tensor on the meta device{at}: it has no values")
+        if tensor.is_nested:  # strided nested tensors have the strided layout
+            raise LoadError(
+                f"{source} returned a nested tensor{at}: nan-hunter scans dense tensors; pass "
+                "x.to_padded_tensor(0.0)"
+            )
     if tensors and all(t.numel() == 0 for _, t in tensors):
         shape = tuple(tensors[0][1].shape)
         raise LoadError(

@@ -504,6 +504,11 @@ class _TracedForward:
                     loss = default_loss(output)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise UserCodeError(f"loss_fn must return a scalar tensor, got {_describe(loss)}")
+        if loss.is_meta:
+            raise UserCodeError(
+                "the loss is on the meta device, without values: the model's output (or "
+                "loss_fn) moved it there"
+            )
         self._loss = loss
         self._loss_stats = tensor_stats(loss.detach(), self._fmt)
         self._events = tuple(tracer.events)

@@ -198,7 +198,8 @@ class StatsQueue:
         """Queue ``t``'s statistics (``counts``: zeros and tiny values too); returns its slot."""
         slot = len(self._results)
         numel = t.numel()
-        if numel == 0 or not t.is_floating_point():
+        if numel == 0 or not t.is_floating_point() or t.is_meta:
+            # a meta tensor has no values (torch's own Python builds some, for shapes)
             self._results.append(TensorStats(tuple(t.shape), dtype_name(t.dtype), numel))
             return slot
         if t.layout != torch.strided:  # a sparse gradient: rare, summarised at once

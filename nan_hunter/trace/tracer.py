@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
 from nan_hunter._nest import call_leaves, leaves, output_leaves
+from nan_hunter.errors import UnsupportedError
 from nan_hunter.location import SourceLocation
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
@@ -33,7 +34,7 @@ from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import SiteResolver
+from nan_hunter.trace.source import SiteResolver, frame_origin
 from nan_hunter.trace.stats import TensorStats
 
 # Ops that only re-view or re-label their input: no arithmetic, so nothing to check.
@@ -247,6 +248,9 @@ class OpTracer(TorchFunctionMode):
         failure: PolicyFailure | None = None,
     ) -> None:
         op, location, in_user_code, call_site = self._sites.site(sys._getframe(2), func)
+        for t in out_tensors:
+            if t.is_nested:  # no statistic (aminmax, counts) has a kernel for one
+                _refuse_nested(op, self._modules.current)
         index = len(self._records)
         counts_all = self._count_all
         low = self._fmt.dtype
@@ -429,6 +433,20 @@ class UntracedOps(TorchFunctionMode):
             if in_tensors:
                 _protect_written(self._before_write, kwargs, in_tensors)
         return call_or_replay(func, args, kwargs)[0]  # passes the call on
+
+
+def _refuse_nested(op: str, module: str) -> NoReturn:
+    """Raised where an op returned a nested tensor, naming the innermost line of the user's
+    code on the stack (the op may run inside torch's Python, or under our own call of it)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame_origin(frame.f_code.co_filename) != "user":
+        frame = frame.f_back  # type: ignore[assignment]
+    where = f" in module '{module}'" if module else ""
+    at = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+    raise UnsupportedError(
+        f"{op}{where}{at} returned a nested tensor (torch.nested): nan-hunter scans dense "
+        "tensors only; scan the model on padded ones (nested.to_padded_tensor(0.0))"
+    )
 
 
 def _protect_written(
