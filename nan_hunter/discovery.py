@@ -25,6 +25,7 @@ import yaml
 
 from nan_hunter.config import Settings, read_config_file
 from nan_hunter.errors import ConfigError
+from nan_hunter.targets import visible
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -56,11 +57,7 @@ def search_start(paths: Iterable[str]) -> Path:
     folders = []
     for raw in paths:
         path = Path(raw)
-        try:
-            exists = path.exists()
-        except OSError:  # a name too long, a folder it may not enter: its scan says so
-            continue
-        if exists:
+        if visible(path):  # False where the system cannot look: its scan says why
             resolved = path.resolve()
             folders.append(resolved if resolved.is_dir() else resolved.parent)
     if not folders:

@@ -18,6 +18,7 @@ from nan_hunter.choices import Device, DType, FailOn, Mode, Numerics, OutputForm
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
 from nan_hunter.errors import NanHunterError, first_line
 from nan_hunter.scan_job import ScanJob, scan_job
+from nan_hunter.targets import visible
 from nan_hunter.terminal import ColorChoice
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ def _inputs(
 ) -> dict[str, str]:
     """Real path -> what it is, for every file the scan reads that we know of before it runs."""
     named: list[tuple[str, Path | None]] = [
-        ("the model file", Path(s)) for s in specs if s.endswith(".py") or _exists(Path(s))
+        ("the model file", Path(s)) for s in specs if s.endswith(".py") or visible(Path(s))
     ]
     named += [
         ("the --weights file", weights),
@@ -227,14 +228,6 @@ def _inputs(
         ("the --config file", config),
     ]
     return {os.path.realpath(p): what for what, p in named if p is not None}
-
-
-def _exists(path: Path) -> bool:
-    """``path.exists()``, False where the system cannot look (its scan says why)."""
-    try:
-        return path.exists()
-    except OSError:
-        return False
 
 
 def _refuse_overwrite(output: Path | None, patch: Path | None, protected: dict[str, str]) -> None:

@@ -10,7 +10,7 @@ when it mentions the name, so its error is reported rather than skipped. A file 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from nan_hunter.errors import LoadError
@@ -23,7 +23,7 @@ def expand_paths(paths: Iterable[str], model_fn: str) -> list[str]:
     files: list[str] = []
     for raw in paths:
         path = Path(raw)
-        if _is_dir(path):
+        if visible(path, Path.is_dir):
             found = [str(p) for p in _python_files(path) if defines(p, model_fn)]
             if not found:
                 raise LoadError(f"{raw}: no .py file below this folder defines {model_fn}()")
@@ -51,11 +51,12 @@ def check_model_file(spec: str) -> None:
         raise LoadError(f"model file not found: {spec}")
 
 
-def _is_dir(path: Path) -> bool:
-    """``path.is_dir()``; False where the system cannot look (a name too long, a folder it may
-    not enter): the path is kept as given, and its scan says why it cannot be read."""
+def visible(path: Path, test: Callable[[Path], bool] = Path.exists) -> bool:
+    """``test(path)`` (``Path.exists``, ``Path.is_dir``); False where the system cannot look
+    (a name too long, a folder the user may not enter): the path is kept as given, and its
+    scan says why it cannot be read."""
     try:
-        return path.is_dir()
+        return test(path)
     except OSError:
         return False
 

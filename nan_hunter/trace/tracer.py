@@ -248,14 +248,13 @@ class OpTracer(TorchFunctionMode):
         failure: PolicyFailure | None = None,
     ) -> None:
         op, location, in_user_code, call_site = self._sites.site(sys._getframe(2), func)
-        for t in out_tensors:
-            if t.is_nested:  # no statistic (aminmax, counts) has a kernel for one
-                _refuse_nested(op, self._modules.current)
         index = len(self._records)
         counts_all = self._count_all
         low = self._fmt.dtype
         out_slots = []
         for t in out_tensors:
+            if t.is_nested:  # no statistic (aminmax, counts) has a kernel for one
+                _refuse_nested(op, self._modules.current)
             self.output_bytes += t.numel() * t.element_size()
             slot = self._queue.add(t, counts_all or t.dtype == low)
             self._stats[t] = slot
