@@ -28,7 +28,7 @@ from nan_hunter.precision.heap import trim_heap
 from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import frame_origin
+from nan_hunter.trace.source import frame_origin, own_module_path
 from nan_hunter.trace.stats import TensorStats, finite_flag, stored_values, tensor_stats
 
 
@@ -678,8 +678,7 @@ def _raised_by_nan_hunter(exc: BaseException) -> bool:
             continue  # Python's own code (``<string>``: a dataclass's ``__init__``) passes it on
         if origin == "user":
             return False
-        relative = Path(filename).resolve().as_posix().rsplit("/nan_hunter/", 1)[-1]
-        function = (relative, frame.f_code.co_name)
+        function = (own_module_path(filename), frame.f_code.co_name)
         if function not in _PASSES_ON or not _passes_on(filename, line):
             return True
         if function in _CALLS_THE_MODEL:

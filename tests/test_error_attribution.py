@@ -5,11 +5,18 @@ model that was fine: a crash in the gradient log on a sparse gradient did)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
-from nan_hunter import scan
+import nan_hunter
+from nan_hunter import resources, scan
 from nan_hunter.errors import UserCodeError
 from nan_hunter.precision import gradients
 from nan_hunter.trace import deferred
@@ -65,3 +72,48 @@ class _FailingBackward(torch.autograd.Function):
 def test_the_models_exception_is_still_the_models(where: str, kind: str, phase: str) -> None:
     with pytest.raises(UserCodeError, match=f"the model raised {kind} during {phase}"):
         scan(_Raises(where), torch.ones(3, 4))
+
+
+_SYMLINKED_SCAN = """
+import sys, torch
+from torch import nn
+import nan_hunter
+from nan_hunter.errors import UserCodeError
+
+class Bad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+    def forward(self, x):
+        return self.fc(x) @ torch.ones(5, 2)  # the model's shape error, passed on by the tracer
+
+try:
+    nan_hunter.scan(Bad(), torch.ones(3, 4))
+except UserCodeError as exc:
+    print("model:", exc)
+print("from:", nan_hunter.__file__)
+"""
+
+
+def test_the_models_error_is_the_models_when_the_package_folder_has_another_name(
+    tmp_path: Path,
+) -> None:
+    # An install where site-packages/nan_hunter is a symlink to a folder of another name: the
+    # pass-on functions are found by their path inside the package, not by a "/nan_hunter/"
+    # in it (at 6b1725b the op's error read as nan-hunter's own, a raw RuntimeError).
+    real = tmp_path / "checkout" / "nh_package"
+    package = Path(nan_hunter.__file__).resolve().parent
+    shutil.copytree(package, real, ignore=shutil.ignore_patterns("__pycache__"))
+    data = resources.config_dir()  # beside the package in a checkout, inside it in a wheel
+    shutil.copytree(data, real.parent / "configs" if data.parent != package else real / "configs")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "nan_hunter").symlink_to(real, target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run(
+        [sys.executable, "-c", _SYMLINKED_SCAN], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"from: {site / 'nan_hunter' / '__init__.py'}" in done.stdout
+    assert "model: the model raised RuntimeError during forward" in done.stdout
