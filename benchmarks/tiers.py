@@ -1,0 +1,235 @@
+"""Would a two-tier scan pay? The floor of a cheap first pass, next to today's one-pass scan.
+
+A two-tier scan runs a cheap screen over the whole model and the full, traced scan only when the
+screen flags something. Whatever the screen leaves out, it must still run the FP16 numerics the
+user's CUDA run has (on a CPU: the emulation under the CUDA autocast policy), see every op's
+output (an overflow that a later ``where``/``clamp``/``masked_fill`` hides shows nowhere else),
+and measure the gradients' rounding (NH402 needs the gradient log). This script times, in one
+process with the variants interleaved, each round's ratios to that round's plain FP32 step:
+
+- ``fp32``: plain forward + loss + backward.
+- ``dispatch``: the plain FP32 step under a ``TorchDispatchMode`` that only passes each op on:
+  what intercepting every aten op (forward and backward) in Python costs before any check is
+  made, the floor of any per-op check written in Python.
+- ``intercept``: the same under a pass-through ``TorchFunctionMode`` too: the two layers a scan
+  intercepts at (torch functions, for the user's line, module and call; aten ops, for the
+  backward and the rounding of every op a function decomposes into), before any work.
+- ``emulated``: FP16 autocast under the CUDA policy with the emulation, forward and backward, and
+  nothing else: the floor of any CPU scan that is faithful to CUDA's numerics.
+- ``checked``: ``emulated`` plus one queued ``aminmax`` per floating result of every emulated op
+  (no counts, no host read until the end): the floor of a per-op screen written in Python.
+- ``screen``: nan-hunter's own untraced pass (what its loss-scale window passes run: the emulated
+  forward with the tracer's duties but no recording, the backward with the gradient log, the
+  parameter gradients' finite check), without any per-op check: a lower bound on a screen that
+  also covers gradient underflow.
+- ``scan``: the full default scan.
+
+A two-tier scan costs ``screen + checks`` on a model the screen passes, and that plus ``scan``
+on a model it flags; it pays when the first is well below ``scan`` and most models pass.
+
+    python benchmarks/tiers.py --models transformer ophavy --threads 1 --reps 7
+    python benchmarks/tiers.py --quick --reps 1                 # smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import float_loss, forward_backward
+from speed import build
+
+from nan_hunter.api import scan
+from nan_hunter.batch import Batch
+from nan_hunter.config import Settings
+from nan_hunter.precision.context import PrecisionPlan
+from nan_hunter.precision.emulation import LowPrecisionEmulation
+from nan_hunter.precision.formats import FP16
+from nan_hunter.precision.gradients import GradientLog
+from nan_hunter.runner import PassResult, PassRunner, fewer_collections
+from nan_hunter.trace.deferred import StatsQueue
+
+SCALE = 2.0**16
+"""GradScaler's initial scale, which the default scan uses too."""
+
+
+class PassThrough(TorchDispatchMode):
+    """Intercepts every aten op and only passes it on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class FunctionPassThrough(TorchFunctionMode):
+    """Intercepts every torch function and only passes it on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def passthrough_step(
+    model: torch.nn.Module, batch: torch.Tensor, functions: bool = False
+) -> tuple[PassThrough, FunctionPassThrough | None]:
+    """The plain FP32 step with every aten op (and, with ``functions``, every torch function)
+    intercepted and passed on."""
+    outer = FunctionPassThrough() if functions else None
+    with outer or contextlib.nullcontext(), PassThrough() as mode:
+        forward_backward(model, batch)
+    return mode, outer
+
+
+class CheckedEmulation(LowPrecisionEmulation):
+    """The emulation, plus a queued ``aminmax`` of every floating result it hands back."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.float16)
+        self.queue = StatsQueue(FP16)
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if isinstance(out, torch.Tensor):
+            if out.is_floating_point():
+                self.queue.add(out, False)
+        elif isinstance(out, (tuple, list)):
+            for x in out:
+                if isinstance(x, torch.Tensor) and x.is_floating_point():
+                    self.queue.add(x, False)
+        return out
+
+
+def _plan() -> PrecisionPlan:
+    return PrecisionPlan(mode="autocast", policy="cuda", device="cpu", fmt=FP16, emulate=True)
+
+
+def emulated_step(
+    model: torch.nn.Module,
+    batch: torch.Tensor,
+    numerics: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> None:
+    """Forward and loss under the CUDA policy's FP16 autocast, backward at ``SCALE``, all of it
+    under ``numerics``; the queue of a ``CheckedEmulation`` is read back at the end."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    plan = _plan()
+    mode = numerics()
+    with mode:
+        with plan.low_precision():
+            loss = float_loss(model(batch))
+        torch.autograd.grad(loss * SCALE, params, allow_unused=True)
+    if isinstance(mode, CheckedEmulation):
+        mode.queue.flush()
+
+
+def screen_pass(model: torch.nn.Module, batch: torch.Tensor) -> tuple[PassResult, GradientLog]:
+    """nan-hunter's untraced pass with the gradient log, as its loss-scale window runs it."""
+    plan = _plan()
+    inputs = Batch(args=(batch,), kwargs={}, raw=batch)
+    log = GradientLog(plan.fmt)
+    with fewer_collections(), PassRunner(
+        model, lambda: inputs, None, plan.fmt, plan.low_precision, plan.numerics,
+        backward=True, exact_zeros=False,
+    ) as runner:  # fmt: skip
+        return runner.run(SCALE, log, events=False), log
+
+
+def variants() -> dict[str, Callable[[torch.nn.Module, torch.Tensor], Any]]:
+    settings = Settings(device="cpu")
+    return {
+        "fp32": forward_backward,
+        "dispatch": passthrough_step,
+        "intercept": lambda m, b: passthrough_step(m, b, functions=True),
+        "emulated": lambda m, b: emulated_step(m, b, lambda: LowPrecisionEmulation(torch.float16)),
+        "checked": lambda m, b: emulated_step(m, b, CheckedEmulation),
+        "screen": screen_pass,
+        "scan": lambda m, b: scan(m, b, settings=settings),
+    }
+
+
+def time_variants(name: str, reps: int, quick: bool = False) -> dict[str, list[float]]:
+    """Per-variant CPU times over ``reps`` interleaved rounds (the starting variant rotating),
+    after one warm-up each."""
+    model, batch = build(name, quick)
+    calls = variants()
+    for call in calls.values():
+        call(model, batch)
+    times: dict[str, list[float]] = {key: [] for key in calls}
+    order = list(calls)
+    for rep in range(reps):
+        start = rep % len(order)
+        for key in order[start:] + order[:start]:
+            gc.collect()
+            t0 = time.process_time()
+            calls[key](model, batch)
+            times[key].append(time.process_time() - t0)
+    return times
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):6.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
+def report(name: str, times: dict[str, list[float]]) -> None:
+    base = times["fp32"]
+    print(f"\n{name}: fp32 {statistics.median(base):.4f} s (median)")
+    for key, values in times.items():
+        per_round = [v / b for v, b in zip(values, base, strict=True)]
+        print(f"  {key:10s} {statistics.median(values):8.4f} s  x fp32 {_spread(per_round)}")
+    screen = [
+        (s + c - e) / b
+        for s, c, e, b in zip(times["screen"], times["checked"], times["emulated"], base,
+                              strict=True)
+    ]  # fmt: skip
+    scan_ratio = [v / b for v, b in zip(times["scan"], base, strict=True)]
+    flagged = [s + f for s, f in zip(screen, scan_ratio, strict=True)]
+    print(f"  two tiers, screen passes: >= {_spread(screen)}   (screen + the per-op checks)")
+    print(f"  two tiers, screen flags:  >= {_spread(flagged)}   (that + the full scan)")
+    print(f"  one tier (today):            {_spread(scan_ratio)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["transformer", "ophavy"])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="small models (a smoke run)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, reps {args.reps}, "
+        "clock: process CPU time"
+    )
+    for name in args.models:
+        report(name, time_variants(name, args.reps, args.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
