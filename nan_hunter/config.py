@@ -138,16 +138,16 @@ def _coerce(key: str, value: Any, origin: str) -> Any:
 
 
 def known_codes() -> frozenset[str]:
-    """Every rule code, read from the rule modules' names (``rules/nh101_*.py``): no torch import,
-    so that options are checked before any model code runs (a test keeps it equal to the
-    registry)."""
+    """Every rule code, read from the rule modules' names (``rules/nh101_*.py``, or ``.pyc`` in
+    an install without sources): no torch import, so that options are checked before any model
+    code runs (a test keeps it equal to the registry)."""
     from importlib.resources import files
 
     folder = files("nan_hunter").joinpath("rules")
     return frozenset(
         match.group(1).upper()
         for entry in folder.iterdir()
-        if (match := re.fullmatch(r"(nh\d{3})_\w+\.py", entry.name))
+        if (match := re.fullmatch(r"(nh\d{3})_\w+\.pyc?", entry.name))
     )
 
 
