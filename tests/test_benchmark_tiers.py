@@ -29,17 +29,34 @@ def _ophavy(tiers: ModuleType) -> tuple[torch.nn.Module, torch.Tensor]:
     return tiers.build("ophavy", True)  # 20 tiny blocks
 
 
-def test_the_checked_variant_queues_one_check_per_floating_result(tiers: ModuleType) -> None:
+def test_the_checked_screen_checks_what_the_scan_checks_in_the_forward(
+    tiers: ModuleType,
+) -> None:
     model, batch = _ophavy(tiers)
-    mode = tiers.CheckedEmulation()
-    tiers.emulated_step(model, batch, lambda: mode)
-    checked = len(mode.queue._results)
-    # Under the CUDA policy only each block's linear computes in FP16 (its result times an
-    # FP32 parameter promotes to FP32): 20 addmm forward, their mm and sum backward.
-    assert mode.emulated >= 60
-    assert checked >= mode.emulated  # every emulated op's result, and the passed-on ones
+    original = tiers.tracer.UntracedOps
+    result, made = tiers.checked_pass(model, batch)
+    assert tiers.tracer.UntracedOps is original  # put back
+    assert len(made) == 1 and result.events == () and result.backward_ran
+    (mode,) = made
+    checks = len(mode.queue._results)
     assert mode.queue.pending == 0  # read back at the end
-    assert all(mode.queue.stats(i).numel >= 0 for i in range(checked))
+    ops = tiers.scan(model, batch, settings=tiers.Settings(device="cpu")).ops
+    # One check per result the tracer records (13 a block, views excepted), plus the default
+    # loss's few ops (the tracer pauses for those); not one per aten op, forward and backward
+    # (the gradient log checks every rounded gradient already).
+    assert ops == 20 * 13 and ops <= checks <= ops + 8
+
+
+def test_the_two_tier_figures_are_the_checked_screen_and_the_scan(
+    tiers: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    times = {key: [1.0] for key in ("fp32", "dispatch", "intercept")}
+    times.update(emulated=[1.25], screen=[2.0], checked=[2.5], scan=[3.0])
+    tiers.report("m", times)
+    out = capsys.readouterr().out
+    assert "two tiers, screen passes:      2.50x" in out
+    assert "two tiers, screen flags:       5.50x" in out
+    assert "one tier (today):              3.00x" in out
 
 
 def test_the_passthrough_variants_intercept_every_op_of_the_fp32_step(tiers: ModuleType) -> None:
@@ -64,23 +81,33 @@ def test_the_screen_runs_the_gradient_log_but_records_no_event(tiers: ModuleType
     assert log.max_abs > 0
 
 
+class _Softmax(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.fc(x), -1) * 3
+
+
 def test_the_emulated_step_computes_in_float16_under_the_cuda_policy(tiers: ModuleType) -> None:
-    # A linear layer's result is FP16 under CUDA autocast: the step's loss carries it.
-    model, batch = _ophavy(tiers)
+    # A linear layer's result is FP16 under autocast; softmax casts it to FP32 under CUDA's
+    # policy only (CPU autocast leaves it FP16); the emulation runs in the backward too.
+    model = _Softmax()
     seen: list[torch.dtype] = []
-    handle = model.blocks[0].mix.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    try:
-        tiers.emulated_step(model, batch, lambda: tiers.LowPrecisionEmulation(torch.float16))
-    finally:
-        handle.remove()
-    assert seen == [torch.float16]
+    model.fc.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    mode = tiers.LowPrecisionEmulation(torch.float16)
+    tiers.emulated_step(model, torch.ones(3, 4), lambda: mode)
+    assert seen == [torch.float16, torch.float32]
+    assert mode.emulated == 3  # addmm forward; the weight's mm and the bias's sum backward
 
 
 def test_every_variant_runs_and_is_timed(
     tiers: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     times = tiers.time_variants("ophavy", reps=1, quick=True)
-    assert set(times) == {"fp32", "dispatch", "intercept", "emulated", "checked", "screen", "scan"}
+    assert set(times) == {"fp32", "dispatch", "intercept", "emulated", "screen", "checked", "scan"}
     assert all(len(v) == 1 and v[0] > 0 for v in times.values())
     tiers.report("ophavy", times)
     out = capsys.readouterr().out
