@@ -18,11 +18,19 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def tiers() -> Iterator[ModuleType]:
+    # The benchmarks import one another as top-level modules (``models``, ``speed``): they go
+    # again afterwards, with the path entries (``tiers`` adds its own), or a later test's own
+    # ``models`` module would be this one.
+    path = list(sys.path)
     sys.path.insert(0, str(BENCHMARKS))
     try:
         yield importlib.import_module("tiers")
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path[:] = path
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None)
+            if file and Path(file).resolve().parent == BENCHMARKS:
+                del sys.modules[name]
 
 
 def _ophavy(tiers: ModuleType) -> tuple[torch.nn.Module, torch.Tensor]:
