@@ -105,7 +105,8 @@ def test_the_models_error_is_the_models_when_the_package_folder_has_another_name
     package = Path(nan_hunter.__file__).resolve().parent
     shutil.copytree(package, real, ignore=shutil.ignore_patterns("__pycache__"))
     data = resources.config_dir()  # beside the package in a checkout, inside it in a wheel
-    shutil.copytree(data, real.parent / "configs" if data.parent != package else real / "configs")
+    if data.parent != package:  # (in a wheel, copied with the package already)
+        shutil.copytree(data, real.parent / "configs")
     site = tmp_path / "site"
     site.mkdir()
     (site / "nan_hunter").symlink_to(real, target_is_directory=True)
