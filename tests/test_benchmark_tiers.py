@@ -4,6 +4,7 @@ the work a sound screen must do."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from types import ModuleType
 
 import pytest
 import torch
+
+from nan_hunter import runner
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -120,3 +123,21 @@ def test_every_variant_runs_and_is_timed(
     tiers.report("ophavy", times)
     out = capsys.readouterr().out
     assert "two tiers, screen passes" in out and "one tier (today)" in out
+
+
+def test_every_variant_is_timed_with_the_scans_collector_threshold(
+    tiers: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The passes raise the threshold themselves: the plain variants must not pay collections
+    # the scan variants are spared.
+    seen: dict[str, list[int]] = {}
+
+    def recording(key: str) -> object:
+        return lambda model, batch: seen.setdefault(key, []).append(gc.get_threshold()[0])
+
+    monkeypatch.setattr(tiers, "variants", lambda: {k: recording(k) for k in ("fp32", "scan")})
+    before = gc.get_threshold()
+    tiers.time_variants("ophavy", reps=1, quick=True)
+    timed = {key: calls[1:] for key, calls in seen.items()}  # after the warm-up
+    assert timed == {"fp32": [runner.GC_THRESHOLD], "scan": [runner.GC_THRESHOLD]}
+    assert gc.get_threshold() == before
