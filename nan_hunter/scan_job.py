@@ -59,9 +59,11 @@ def scan_job(job: ScanJob) -> Report:
     # scan_file verifies each fix (nan_hunter.fixes.verify); --fix and --fix-all need it
     verifying = settings.verify_fixes or fix or fix_all
 
-    def rescan(file: Path) -> Report:
+    def rescan(_file: Path) -> Report:
+        """The model as the user named it (a ``pkg.module`` stays a module: its relative
+        imports need the package), not the file the report points to."""
         return scan_file(
-            str(file), settings, names=names, weights=weights, batch_file=batch_file,
+            path, settings, names=names, weights=weights, batch_file=batch_file,
             verify=verifying,
         )
 
