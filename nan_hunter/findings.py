@@ -76,6 +76,9 @@ class Edit:
     start: int
     end: int
     replacement: str
+    planned_on: str = ""
+    """Digest of the text the edit was planned on (``fixes.edits.text_digest``); applying it
+    to a file whose text has another digest is refused. Empty: not checked."""
 
 
 @dataclass(frozen=True)

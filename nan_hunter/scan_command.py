@@ -10,7 +10,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
@@ -22,7 +22,11 @@ from nan_hunter.targets import visible
 from nan_hunter.terminal import ColorChoice
 
 if TYPE_CHECKING:
-    from nan_hunter.findings import Report
+    from collections.abc import Callable, Iterable
+
+    from nan_hunter.findings import Edit, Report
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -179,14 +183,14 @@ def run_scan(request: ScanRequest) -> None:
     selection = select_fixes(report, unsafe=unsafe_fixes)
     root = project_root(Path(report.target.file))
     if diff:
-        typer.echo(render_diff(selection.edits, root), nl=False)
+        typer.echo(_rendered(render_diff, selection.edits, root), nl=False)
         code = report.exit_code(settings.fail_on)
         raise typer.Exit(EXIT_CLEAN if exit_zero else code)
     text = render(report, output_format.value, color=use_color and output is None, width=width)
     _emit(text, output, color=use_color)
     if patch is not None:
         if selection.edits:
-            _write(patch, render_patch(selection.edits, root))
+            _write(patch, _rendered(render_patch, selection.edits, root))
             typer.echo(f"nan-hunter: patch written to {patch}", err=True)
         else:
             typer.echo("nan-hunter: no patch to write: no finding has a fix to apply", err=True)
@@ -246,6 +250,15 @@ def _emit(text: str, output: Path | None, *, color: bool = False) -> None:
         typer.echo(f"nan-hunter: report written to {output}", err=True)
     else:  # color=True: click would strip the colour codes from a pipe otherwise
         typer.echo(text, nl=False, color=color or None)
+
+
+def _rendered(render: Callable[[Iterable[Edit], Path], T], edits: Iterable[Edit], root: Path) -> T:
+    """The fixes' diff or patch, from the files as they are now; one line, exit 2, when one
+    changed since the scan (``EditConflict``)."""
+    try:
+        return render(edits, root)
+    except NanHunterError as exc:
+        raise fail(str(exc)) from None
 
 
 def _write(path: Path, text: str | bytes) -> None:

@@ -7,6 +7,7 @@ is made here from the same ``Edit`` records; nothing parses a diff back.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,13 +22,20 @@ class EditConflict(NanHunterError):
     """Two edits change the same text, or an edit does not fit the file any more."""
 
 
+def text_digest(text: str) -> str:
+    """A digest of a file's decoded text: what an edit was planned on."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 def edits_between(file: Path, old: str, new: str) -> tuple[Edit, ...]:
-    """Whole-line edits that turn ``old`` into ``new`` (both decoded, BOM excluded)."""
+    """Whole-line edits that turn ``old`` into ``new`` (both decoded, BOM excluded); each
+    records the digest of ``old``, so it is never applied to a file that changed since."""
     old_lines, new_lines = split_lines(old), split_lines(new)
     starts = list(itertools.accumulate((len(line) for line in old_lines), initial=0))
     matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    planned_on = text_digest(old)
     return tuple(
-        Edit(str(file), starts[i1], starts[i2], "".join(new_lines[j1:j2]))
+        Edit(str(file), starts[i1], starts[i2], "".join(new_lines[j1:j2]), planned_on)
         for tag, i1, i2, j1, j2 in matcher.get_opcodes()
         if tag != "equal"
     )
@@ -72,6 +80,9 @@ def patch_files(edits: Iterable[Edit]) -> dict[Path, PatchedFile]:
     out: dict[Path, PatchedFile] = {}
     for path, file_edits in by_file(edits).items():
         source = read_source(path)
+        planned = {e.planned_on for e in file_edits if e.planned_on}
+        if planned and planned != {text_digest(source.text)}:
+            raise EditConflict(f"{path} changed since the scan; no fix was written: scan it again")
         new_text = apply_edits(source.text, file_edits)
         out[path] = PatchedFile(source, new_text, LineMap.of(source.text, file_edits))
     return out

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from nan_hunter.findings import Edit, Finding, Fix, OpRef, Report, Severity
-from nan_hunter.fixes.edits import by_file, combine
+from nan_hunter.fixes.edits import by_file, combine, text_digest
 from nan_hunter.fixes.source import SourceError, read_source, split_lines
 from nan_hunter.report.catalog import RuleInfo, rule_catalog
 from nan_hunter.report.paths import repository_relative
@@ -180,6 +180,8 @@ def _artifact_changes(fix: Fix) -> list[dict[str, Any]]:
             text = read_source(path).text
         except SourceError:
             return []
+        if any(e.planned_on and e.planned_on != text_digest(text) for e in edits):
+            return []  # the file changed since the scan: these offsets point elsewhere now
         starts = list(accumulate((len(x) for x in split_lines(text)), initial=0))
         changes.append(
             {
