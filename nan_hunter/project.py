@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import site
 import sysconfig
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -43,6 +44,18 @@ def project_root(file: Path, cwd: Path | None = None) -> Path:
     if file.is_relative_to(here):
         return here
     return file.parent
+
+
+def shared_root(files: Sequence[Path], cwd: Path | None = None) -> Path:
+    """The project root of the first of ``files`` (``project_root``), widened to the folder
+    all of them share when one lies outside it: in a project without git, scanned from one of
+    its folders (``proj/scripts``), a fix may edit a file of a sibling package
+    (``proj/mylib/layers.py``); the verification's mirror and the patch take in both."""
+    root = project_root(files[0], cwd)
+    resolved = [f.resolve() for f in files]
+    if all(f.is_relative_to(root) for f in resolved):
+        return root
+    return Path(os.path.commonpath([str(root), *(str(f) for f in resolved)]))
 
 
 @lru_cache(maxsize=1)

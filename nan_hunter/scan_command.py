@@ -83,7 +83,7 @@ def run_scan(request: ScanRequest) -> None:
     from nan_hunter.fixes.edits import render_diff, render_patch
     from nan_hunter.fixes.select import select_fixes
     from nan_hunter.isolation import run_isolated
-    from nan_hunter.project import project_root
+    from nan_hunter.project import shared_root
     from nan_hunter.targets import check_model_file, expand_paths
     from nan_hunter.terminal import progress_display, report_width, wants_color
 
@@ -181,7 +181,7 @@ def run_scan(request: ScanRequest) -> None:
         raise typer.Exit(EXIT_CLEAN if exit_zero and not failed else max(codes))
     report = reports[0]
     selection = select_fixes(report, unsafe=unsafe_fixes)
-    root = project_root(Path(report.target.file))
+    root = shared_root([Path(report.target.file), *(Path(e.file) for e in selection.edits)])
     if diff:
         typer.echo(_rendered(render_diff, selection.edits, root), nl=False)
         code = report.exit_code(settings.fail_on)

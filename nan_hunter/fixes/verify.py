@@ -33,7 +33,7 @@ from nan_hunter.fixes.batch import Candidate, Key, code_of, verify_groups, worth
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.progress import announce
-from nan_hunter.project import is_installed, project_root, real_path
+from nan_hunter.project import is_installed, real_path, shared_root
 
 Rescan = Callable[[Path], Report]
 """Scans an entry file with the options of the original scan (without verifying)."""
@@ -142,7 +142,7 @@ def verify_together(
     judged against it; None when the re-scan cannot run (the group is then split)."""
     try:
         patched = patch_files(e for c in group for e in c.edits)
-        root = project_root(entry)
+        root = shared_root([entry, *patched])
         announce(f"verifying {len(group)} independent fixes: one re-scan of a patched copy")
         with overlay(root, patched, entry) as (shadow_entry, back):
             after = rescan(shadow_entry)
@@ -188,7 +188,7 @@ def verify_fix(
     """Re-scan ``entry``'s project with ``fix`` applied and judge the result."""
     try:
         patched = patch_files(fix.edits)
-        root = project_root(entry)
+        root = shared_root([entry, *patched])
         announce("verifying a fix: re-scan of a patched copy")
         with overlay(root, patched, entry) as (shadow_entry, back):
             after = rescan(shadow_entry)

@@ -16,6 +16,8 @@ from pathlib import Path
 from nan_hunter.findings import Finding, Report
 from nan_hunter.fixes.edits import patch_files
 from nan_hunter.fixes.select import select_fixes
+from nan_hunter.loader import forget_stale_modules
+from nan_hunter.project import shared_root
 from nan_hunter.safe_write import replace_with_backup, write_file
 
 Scan = Callable[[Path], Report]
@@ -60,6 +62,8 @@ def apply_fixes(
         if saved is not None and backed_up is not None:
             backed_up.add(path)
         written[path] = saved
+    if written:  # a later scan in this process imports the project as written now
+        forget_stale_modules(shared_root(list(written)))
     results = []
     for path in sorted(set(fixed) | set(skipped)):
         results.append(
