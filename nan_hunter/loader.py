@@ -89,7 +89,11 @@ def load_target(
         assert make_batch is not None
         raw = _call_user(make_batch, names.batch_fn)
     batch = as_batch(raw, source=f"{names.batch_fn}()" if batch_file is None else str(batch_file))
-    loss = _function(module, names.loss_fn, "--loss-fn", required=False)
+    # loss_fn() is optional; a name the user chose (--loss-fn) must exist: a typo must not
+    # leave the scan on the default loss
+    loss = _function(
+        module, names.loss_fn, "--loss-fn", required=names.loss_fn != Names().loss_fn
+    )
     return Target(
         model=model,
         batch=batch,
