@@ -38,7 +38,9 @@ def scan_target(target: Target, settings: Settings) -> Report:
     # The passes and the analysis after them create objects that all live to the end of the
     # scan: the collector runs less often meanwhile (19% of an op-heavy scan's time otherwise).
     # The random state is the caller's: a scan draws dropout masks, and leaves it as it was.
-    with fewer_collections(), _random_state_kept():
+    # Autograd's anomaly detection (often on while a user hunts a NaN) would raise on the very
+    # NaN gradients the scan analyses: off during the passes, the user's setting restored after.
+    with fewer_collections(), _random_state_kept(), torch.autograd.set_detect_anomaly(False):
         return _scan_target(target, settings)
 
 

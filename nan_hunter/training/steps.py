@@ -96,8 +96,9 @@ def run_steps(
         optimizer.zero_grad(set_to_none=True)
         batch = _batch_copy(target.batch, device, dtype if half else None)
         loss = _train_forward(model, batch, target.loss_fn, device, dtype, half, index)
-        try:
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+        try:  # anomaly detection would raise on the NaN gradients the step check is for
+            with torch.autograd.set_detect_anomaly(False):
+                (scaler.scale(loss) if scaler is not None else loss).backward()
         except NanHunterError:
             raise
         except Exception as exc:
