@@ -1,4 +1,5 @@
 """GitHub Actions workflow commands: one annotation per finding, then a plain summary line.
+An annotation's file is its path from the repository root (the working directory outside one).
 
 Escaping follows the Actions runner: in the message ``%``, CR and LF are percent-encoded; in
 property values (file, line, title) also ``:`` and ``,``, which would end the value.
@@ -7,7 +8,7 @@ property values (file, line, title) also ``:`` and ``,``, which would end the va
 from __future__ import annotations
 
 from nan_hunter.findings import Finding, Report, Severity
-from nan_hunter.report.paths import display_path
+from nan_hunter.report.paths import display_path, repository_relative
 
 COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
@@ -22,7 +23,10 @@ def annotation(f: Finding) -> str:
     """``::error file=...,line=...,title=NH101 overflow::message``; no file/line without one."""
     params: list[tuple[str, str]] = []
     if f.location is not None:
-        params += [("file", display_path(f.location.file)), ("line", str(f.location.line))]
+        # GitHub places an annotation by its path from the repository root, wherever the step
+        # runs (``working-directory``), as SARIF does
+        file = repository_relative(f.location.file) or display_path(f.location.file)
+        params += [("file", file), ("line", str(f.location.line))]
     params.append(("title", f"{f.code} {f.kind.value}"))
     props = ",".join(f"{key}={escape_property(value)}" for key, value in params)
     return f"::{COMMANDS[f.severity]} {props}::{escape_data(f.message)}"
