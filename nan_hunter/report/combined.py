@@ -5,7 +5,8 @@
   nan-hunter/report/v1 object per file>], "failed": [{"path", "message"}], "summary": {"files",
   "scanned", "failed", "errors", "warnings", "suppressed"}}``; ``status`` is ``error`` when a
   file failed, else ``findings`` or ``clean``.
-- sarif: one run whose results are those of every file.
+- sarif: one run whose results are those of every file; files that failed are the error
+  notifications of an invocation with ``executionSuccessful: false``.
 - junit: one suite, one test case per file (an ``error`` case per file that failed).
 
 A run over a single path uses the single-report emitters unchanged.
@@ -44,7 +45,7 @@ def render_many(
     if fmt == "json":
         return json.dumps(reports_dict(reports, failed), indent=2) + "\n"
     if fmt == "sarif":
-        return render_sarif_many(reports)
+        return render_sarif_many(reports, failed)
     if fmt == "junit":
         return render_junit_many(reports, failed)
     if fmt == "github":

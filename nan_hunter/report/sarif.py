@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from nan_hunter.findings import Edit, Finding, Fix, OpRef, Report, Severity
+from nan_hunter.findings import Edit, Failed, Finding, Fix, OpRef, Report, Severity
 from nan_hunter.fixes.edits import by_file, combine, text_digest
 from nan_hunter.fixes.source import SourceError, read_source, split_lines
 from nan_hunter.report.catalog import RuleInfo, rule_catalog
@@ -35,16 +35,17 @@ def render_sarif(report: Report) -> str:
     return json.dumps(sarif_dict(report), indent=2) + "\n"
 
 
-def render_sarif_many(reports: Sequence[Report]) -> str:
-    """One run holding the results of every report, in order."""
-    return json.dumps(sarif_dict_many(reports), indent=2) + "\n"
+def render_sarif_many(reports: Sequence[Report], failed: Sequence[Failed] = ()) -> str:
+    """One run holding the results of every report, in order; the model files that could not
+    be scanned as the notifications of an unsuccessful invocation."""
+    return json.dumps(sarif_dict_many(reports, failed), indent=2) + "\n"
 
 
 def sarif_dict(report: Report) -> dict[str, Any]:
     return sarif_dict_many([report])
 
 
-def sarif_dict_many(reports: Sequence[Report]) -> dict[str, Any]:
+def sarif_dict_many(reports: Sequence[Report], failed: Sequence[Failed] = ()) -> dict[str, Any]:
     rules = rule_catalog()
     index = {rule.code: i for i, rule in enumerate(rules)}
     driver = {
@@ -53,18 +54,27 @@ def sarif_dict_many(reports: Sequence[Report]) -> dict[str, Any]:
         "informationUri": INFORMATION_URI,
         "rules": [_rule(rule) for rule in rules],
     }
-    return {
-        "$schema": SARIF_SCHEMA,
-        "version": SARIF_VERSION,
-        "runs": [
-            {
-                "tool": {"driver": driver},
-                "columnKind": "unicodeCodePoints",
-                "results": [_result(f, index.get(f.code), report.target.file)
-                            for report in reports for f in report.findings],
-            }
-        ],
+    run: dict[str, Any] = {
+        "tool": {"driver": driver},
+        "columnKind": "unicodeCodePoints",
+        "results": [_result(f, index.get(f.code), report.target.file)
+                    for report in reports for f in report.findings],
     }
+    if failed:  # a partial run must not read as a complete one
+        run["invocations"] = [
+            {"executionSuccessful": False,
+             "toolExecutionNotifications": [_not_scanned(f) for f in failed]}
+        ]
+    return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
+
+
+def _not_scanned(failed: Failed) -> dict[str, Any]:
+    note: dict[str, Any] = {
+        "level": "error", "message": {"text": f"{failed.path}: {failed.message}"}
+    }
+    if failed.path.endswith(".py"):  # a file, not a pkg.module
+        note["locations"] = [{"physicalLocation": {"artifactLocation": _artifact(failed.path)}}]
+    return note
 
 
 def _rule(rule: RuleInfo) -> dict[str, Any]:
