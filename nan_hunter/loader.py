@@ -13,7 +13,9 @@ traces the original module's eager code, and ``Target.unwrapped`` says which wra
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
+import keyword
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -290,7 +292,7 @@ def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
         _check_source(path, spec)
         path = path.resolve()
         forget_stale_modules(path.parent)
-        name = f"_nan_hunter_user_{path.stem}_{abs(hash(str(path))) & 0xFFFFFF:06x}"
+        name = _module_name(path)
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:
             raise LoadError(f"cannot import {spec}: not a Python file")
@@ -315,6 +317,23 @@ def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
             ):
                 raise LoadError(f"model file or module not found: {spec}") from None
             raise
+
+
+def _module_name(path: Path) -> str:
+    """The name a model file is imported under: its own (``model`` for ``model.py``), as
+    ``import model`` gives it, so that a process the model starts by the spawn or forkserver
+    method (a DataLoader's workers, by default on macOS) can import it to unpickle the
+    model's objects; an internal name when that one is taken (an imported or built-in
+    module) or is not a module name."""
+    stem = path.stem
+    free = (
+        stem.isidentifier()
+        and not keyword.iskeyword(stem)
+        and stem not in sys.modules
+        and stem not in sys.builtin_module_names
+        and importlib.machinery.FrozenImporter.find_spec(stem) is None
+    )
+    return stem if free else f"_nan_hunter_user_{stem}_{abs(hash(str(path))) & 0xFFFFFF:06x}"
 
 
 def _exists(path: Path, spec: str) -> bool:

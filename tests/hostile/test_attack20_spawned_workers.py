@@ -1,0 +1,63 @@
+"""attack20: ``sample_batch()`` reads its batch through a ``DataLoader`` whose workers start
+with the spawn or forkserver method (the default on macOS, and on Linux from Python 3.14). At
+9edd299 the model file was imported under an internal name (``_nan_hunter_user_model_1d814b``)
+that no other process can import, so each worker failed to unpickle the dataset ("No module
+named '_nan_hunter_user_...'") and the scan ended with "DataLoader worker ... exited
+unexpectedly" (exit 2). Now the file is imported under its own name, as ``import model`` would
+do, whenever that name is free."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nan_hunter.cli import app
+from nan_hunter.loader import import_user_module
+
+MODEL = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Toy(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i))
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Linear(4, 2)
+
+
+def sample_batch():
+    loader = DataLoader(Toy(), batch_size=8, num_workers=1, multiprocessing_context={context!r})
+    return next(iter(loader))
+"""
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_batch_from_spawned_dataloader_workers(context: str, work: Path) -> None:
+    (work / "model.py").write_text(MODEL.format(context=context))
+    result = CliRunner().invoke(app, ["scan", "model.py", "-q", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "clean"
+
+
+def test_the_module_name_is_the_files_own_unless_taken(tmp_path: Path) -> None:
+    for stem in ("attack20_free_name", "json", "my-model"):
+        path = tmp_path / f"{stem}.py"
+        path.write_text("VALUE = 1\n")
+        module = import_user_module(str(path))
+        assert module.__file__ == str(path) and module.VALUE == 1
+        if stem == "attack20_free_name":
+            assert module.__name__ == stem
+        else:  # an imported module's name, or not an identifier: an internal name
+            assert module.__name__.startswith(f"_nan_hunter_user_{stem}_")
+            assert json.__name__ == "json"
