@@ -111,7 +111,7 @@ def run_scan(request: ScanRequest) -> None:
         )
         if steps is not None and (fix or fix_all):
             raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
-        files = expand_paths(paths, model_fn)
+        files = expand_paths(paths, model_fn, batch_fn if batch_file is None else None)
         if len(files) > 1 and (diff or patch is not None):
             raise NanHunterError("--diff and --patch take one model file, not several")
         inputs = _inputs(files, weights, batch_file, config)

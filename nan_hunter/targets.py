@@ -2,9 +2,10 @@
 
 A folder stands for every ``.py`` file below it (sorted; hidden folders, ``__pycache__`` and
 virtual environments skipped) that defines the model function at its top level (``def
-build_model``, an assignment, or an import under that name). A file that does not parse is kept
-when it mentions the name, so its error is reported rather than skipped. A file path or a
-``pkg.module`` spec is kept as given.
+build_model``, an assignment, or an import under that name; an import only with the batch
+function bound too, so that a test module importing ``build_model`` is not a model file). A
+file that does not parse is kept when it mentions the name, so its error is reported rather
+than skipped. A file path or a ``pkg.module`` spec is kept as given.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from nan_hunter.errors import LoadError
 _SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
 
-def expand_paths(paths: Iterable[str], model_fn: str) -> list[str]:
-    """The files to scan, in order, without duplicates."""
+def expand_paths(paths: Iterable[str], model_fn: str, batch_fn: str | None = None) -> list[str]:
+    """The files to scan, in order, without duplicates. ``batch_fn``: the batch function a
+    file that imports the model function must bind too (None with a saved batch)."""
     files: list[str] = []
     for raw in paths:
         path = Path(raw)
         if visible(path, Path.is_dir):
-            found = [str(p) for p in _python_files(path) if defines(p, model_fn)]
+            found = [str(p) for p in _python_files(path) if defines(p, model_fn, batch_fn)]
             if not found:
                 raise LoadError(f"{raw}: no .py file below this folder defines {model_fn}()")
             files.extend(found)
@@ -73,8 +75,9 @@ def _python_files(folder: Path) -> Iterator[Path]:
             yield entry
 
 
-def defines(path: Path, name: str) -> bool:
-    """Whether the module at ``path`` binds ``name`` at its top level."""
+def defines(path: Path, name: str, batch_fn: str | None = None) -> bool:
+    """Whether the module at ``path`` binds ``name`` at its top level: by its own definition,
+    or by an import when it binds ``batch_fn`` too (or ``batch_fn`` is None)."""
     try:
         source = path.read_bytes()
     except OSError:
@@ -83,10 +86,14 @@ def defines(path: Path, name: str) -> bool:
         tree = ast.parse(source, filename=str(path))
     except (SyntaxError, ValueError):
         return name.encode() in source
-    return any(name in _bound_names(node) for node in tree.body)
+    bound = set().union(*(_bound_names(node) for node in tree.body))
+    if name not in bound:
+        return False
+    own = set().union(*(_bound_names(node, imports=False) for node in tree.body))
+    return batch_fn is None or name in own or batch_fn in bound
 
 
-def _bound_names(node: ast.stmt) -> set[str]:
+def _bound_names(node: ast.stmt, *, imports: bool = True) -> set[str]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, ast.Assign):
@@ -94,10 +101,10 @@ def _bound_names(node: ast.stmt) -> set[str]:
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         return {node.target.id}
     if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return {(a.asname or a.name).split(".")[0] for a in node.names}
+        return {(a.asname or a.name).split(".")[0] for a in node.names} if imports else set()
     if isinstance(node, (ast.If, ast.Try)):
         inner = [*node.body, *node.orelse]
         if isinstance(node, ast.Try):
             inner += [*node.finalbody, *(s for h in node.handlers for s in h.body)]
-        return set().union(*(_bound_names(s) for s in inner)) if inner else set()
+        return set().union(*(_bound_names(s, imports=imports) for s in inner)) if inner else set()
     return set()
