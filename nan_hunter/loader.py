@@ -301,6 +301,12 @@ def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
         try:
             with folder_on_path(path.parent), own_argv(str(path)):
                 _run_user(lambda: module_spec.loader.exec_module(module), f"importing {spec}", spec)  # type: ignore[union-attr]
+        except UserCodeError as exc:
+            sys.modules.pop(name, None)
+            hint = _relative_import_hint(path, exc)
+            if hint is None:
+                raise
+            raise UserCodeError(f"{exc.args[0]}; {hint}", user_frame=exc.user_frame) from exc
         except BaseException:
             sys.modules.pop(name, None)
             raise
@@ -317,6 +323,24 @@ def import_user_module(spec: str, search: Path | None = None) -> ModuleType:
             ):
                 raise LoadError(f"model file or module not found: {spec}") from None
             raise
+
+
+def _relative_import_hint(path: Path, exc: UserCodeError) -> str | None:
+    """For a model file that is a module of a package (its relative imports need the package):
+    how to scan it as one, as ``python -m`` runs it."""
+    cause = exc.__cause__
+    if not isinstance(cause, ImportError) or "no known parent package" not in str(cause):
+        return None
+    parts, folder = [path.stem], path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) == 1:
+        return "a file with relative imports is a module of a package: name it as pkg.module"
+    return (
+        f"{path.name} is a module of the package {'.'.join(parts[:-1])}: scan it as "
+        f"`nan-hunter scan {'.'.join(parts)}` from {folder}"
+    )
 
 
 def _module_name(path: Path) -> str:

@@ -86,3 +86,18 @@ def test_fix_of_a_dotted_module_rescans_the_module(
     fixed = (pkg / "layers.py").read_text()
     assert 'with torch.autocast(device_type="cuda", enabled=False):' in fixed
     assert f"fixed NH102 in {pkg / 'layers.py'}" in result.stderr
+
+
+def test_a_package_module_given_as_a_file_says_how_to_scan_it(work: Path) -> None:
+    """At 9edd299 the error stopped at Python's "attempted relative import with no known
+    parent package", with nothing on what to run instead."""
+    pkg = _project(work)
+    result = CliRunner().invoke(app, ["scan", "src/mypkg/models/net.py", "-q"])
+    assert (result.exit_code, result.stdout) == (2, "")
+    net = pkg / "models" / "net.py"
+    assert result.stderr.splitlines()[0] == (
+        f"nan-hunter: error: ImportError while importing src/mypkg/models/net.py: attempted "
+        "relative import with no known parent package; net.py is a module of the package "
+        f"mypkg.models: scan it as `nan-hunter scan mypkg.models.net` from {work / 'src'} "
+        f"(at {net}:3)"
+    )
