@@ -84,8 +84,10 @@ def _build(
     half_dtype: str | None,
     grow: bool = False,
 ) -> Fix:
+    # The file itself, not a link to it (a project file linked from elsewhere, or an unedited
+    # file in the verification's mirror): its project root holds the path the edits name.
     if site is not None and plan.rewrite:
-        path = Path(site.file)
+        path = Path(site.file).resolve()
         new_text = _REWRITES[plan.rewrite](path, plan.rewrite_line or site.line, plan)
         if new_text is None:
             return _advice(plan.title, c, half_dtype)
@@ -93,7 +95,7 @@ def _build(
         return make_fix(plan.title, plan.applicability, edits, project_root(path))
     if site is None or not plan.region or not c.ref_finite:
         return _advice(plan.title, c, half_dtype)
-    path = Path(site.file)
+    path = Path(site.file).resolve()
     root = project_root(path)
     in_library = site is not c.event.location
     patch = build_autocast_region_patch(
@@ -139,5 +141,5 @@ def _advice(title: str, c: Candidate, half_dtype: str | None) -> Fix:
 def _consumer_lines(c: Candidate, path: Path) -> tuple[int, ...]:
     return tuple(
         e.location.line for e in c.out_of_range_consumers
-        if e.location is not None and Path(e.location.file) == path
+        if e.location is not None and Path(e.location.file).resolve() == path
     )

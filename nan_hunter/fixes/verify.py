@@ -336,6 +336,9 @@ def _mirror(root: Path, shadow: Path, files: dict[Path, bytes]) -> None:
         for child in folder.iterdir():
             if child in real or child in files:
                 continue
+            if child.is_symlink() and child.resolve() in files:  # a link to an edited file:
+                (target / child.name).write_bytes(files[child.resolve()])  # own temp folder
+                continue
             os.symlink(child, target / child.name, target_is_directory=child.is_dir())
     for path, data in files.items():
         (shadow / path.relative_to(root)).write_bytes(data)  # own temp folder
