@@ -90,6 +90,20 @@ def make_backup(path: Path) -> Path:
     return backup
 
 
+def check_fixable(path: Path) -> None:
+    """Raise the ``WriteError`` that ``replace_with_backup`` would raise for a read-only
+    ``path`` or folder, before anything is written (``--fix`` writes several files or none)."""
+    path = Path(os.path.realpath(path))
+    try:
+        info, folder_info = path.stat(), path.parent.stat()
+    except OSError as exc:
+        raise WriteError(f"cannot fix {path}: {_why(exc)}") from exc
+    if _read_only(path, info):
+        raise WriteError(f"cannot fix {path}: the file is read-only")
+    if _read_only(path.parent, folder_info):
+        raise WriteError(f"cannot write {path}: the folder {path.parent} is read-only")
+
+
 def backup_names(path: Path) -> list[Path]:
     """The names a backup of ``path`` may take, in the order they are tried."""
     base = path.with_name(path.name + ".orig")

@@ -18,7 +18,7 @@ from nan_hunter.fixes.edits import patch_files
 from nan_hunter.fixes.select import select_fixes
 from nan_hunter.loader import forget_stale_modules
 from nan_hunter.project import shared_root
-from nan_hunter.safe_write import replace_with_backup, write_file
+from nan_hunter.safe_write import check_fixable, replace_with_backup, write_file
 
 Scan = Callable[[Path], Report]
 """Scans (and verifies) the model file with the options of the original scan."""
@@ -56,12 +56,24 @@ def apply_fixes(
         file = finding.fix.file if finding.fix is not None and finding.fix.file else None
         skipped.setdefault(Path(file or report.target.file), []).append((finding, why))
     written: dict[Path, Path | None] = {}
-    for path, patched in patch_files(selection.edits).items():
-        first = backed_up is None or path not in backed_up
-        saved = _write(path, patched.source.encode(patched.new_text), backup=backup and first)
-        if saved is not None and backed_up is not None:
-            backed_up.add(path)
-        written[path] = saved
+    patched_files = patch_files(selection.edits)
+    for path in patched_files:  # fixes verified together are written together, or none
+        check_fixable(path)
+    try:
+        for path, patched in patched_files.items():
+            first = backed_up is None or path not in backed_up
+            written[path] = _write(
+                path, patched.source.encode(patched.new_text), backup=backup and first
+            )
+    except BaseException:
+        for path, saved in written.items():  # put back the files written before the failure
+            patched = patched_files[path]
+            write_file(path, patched.source.encode(patched.source.text))
+            if saved is not None:
+                saved.unlink(missing_ok=True)
+        raise
+    if backed_up is not None:
+        backed_up.update(path for path, saved in written.items() if saved is not None)
     if written:  # a later scan in this process imports the project as written now
         forget_stale_modules(shared_root(list(written)))
     results = []
