@@ -1,4 +1,5 @@
-"""Inline suppressions: a comment on a finding's line that the user has judged it.
+"""Inline suppressions: a comment on a finding's line that the user has judged it (for an op
+that ran inside an installed library: on its call site's line, in the user's project).
 
     scores = q @ k.transpose(-2, -1)  # nan-hunter: ignore[NH102] -- scores are masked to 1e4 first
 
@@ -20,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from nan_hunter.findings import Finding, Report, Suppression
+from nan_hunter.location import SourceLocation
 
 SYNTAX = "# nan-hunter: ignore[CODE] -- reason"
 _DIRECTIVE = re.compile(
@@ -84,18 +86,18 @@ def apply_suppressions(report: Report) -> Report:
     findings: list[Finding] = []
     notes: list[str] = []
     for f in report.findings:
-        directive = _directive_for(f)
-        if directive is None or f.suppression is not None:
+        found = _directive_for(f)
+        if found is None or f.suppression is not None:
             findings.append(f)
-        elif directive.reason:
-            assert f.location is not None
-            suppression = Suppression(directive.reason, f.location.file, directive.line)
+            continue
+        directive, where = found
+        if directive.reason:
+            suppression = Suppression(directive.reason, where.file, directive.line)
             findings.append(dataclasses.replace(f, suppression=suppression))
         else:
             findings.append(f)
-            assert f.location is not None
             notes.append(
-                f"{f.location.render()}: ignore[{', '.join(directive.codes)}] has no reason, so "
+                f"{where.render()}: ignore[{', '.join(directive.codes)}] has no reason, so "
                 f"{f.code} is not suppressed; write `{SYNTAX}`"
             )
     if findings == list(report.findings) and not notes:
@@ -104,11 +106,16 @@ def apply_suppressions(report: Report) -> Report:
     return dataclasses.replace(report, target=target, findings=tuple(findings))
 
 
-def _directive_for(f: Finding) -> Directive | None:
-    if f.location is None or f.location.file.startswith("<"):
-        return None
-    directive = directives_in(f.location.file).get(f.location.line)
-    return directive if directive is not None and directive.covers(f.code) else None
+def _directive_for(f: Finding) -> tuple[Directive, SourceLocation] | None:
+    """The directive on the finding's line, or on its call site's (the line in the user's
+    project that called into the installed library where the op ran), and where it is."""
+    for where in (f.location, f.call_site):
+        if where is None or where.file.startswith("<"):
+            continue
+        directive = directives_in(where.file).get(where.line)
+        if directive is not None and directive.covers(f.code):
+            return directive, where
+    return None
 
 
 def _unique(notes: Iterable[str]) -> tuple[str, ...]:
