@@ -152,7 +152,7 @@ Config = Annotated[
 ]
 OutputFormat = Annotated[choices.OutputFormat, typer.Option("--format", help="Report format.")]
 Output = Annotated[
-    Path | None, typer.Option("--output", "-o", help="Write the report to this file.")
+    Path | None, typer.Option("--output", "-o", help="Write the report to this file ('-': stdout).")
 ]
 Patch = Annotated[
     Path | None, typer.Option(help="Write the suggested fixes as a unified diff here.")

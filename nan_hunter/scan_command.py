@@ -89,7 +89,8 @@ def run_scan(request: ScanRequest) -> None:
 
     debug = debug or bool(os.environ.get("NAN_HUNTER_DEBUG"))
     # Resolved now, against the folder nan-hunter was started in: the model's code may chdir.
-    output, patch = _absolute(output), _absolute(patch)
+    # "-o -" is standard output, as without -o.
+    output, patch = _absolute(None if str(output) == "-" else output), _absolute(patch)
     try:
         settings = load_settings(
             config,
