@@ -438,6 +438,14 @@ def load_tensors(path: Path, *, what: str) -> Any:
         ) from exc
 
 
+def _wrapper_prefix(state: Mapping[str, Any]) -> str | None:
+    """``module.`` or ``_orig_mod.`` when every key of ``state`` starts with it."""
+    for prefix in ("module.", "_orig_mod."):
+        if state and all(isinstance(k, str) and k.startswith(prefix) for k in state):
+            return prefix
+    return None
+
+
 def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load a state_dict into ``model``. For a wrapped model (``torch.compile``, DataParallel),
     the state_dict may be the wrapper's (``_orig_mod.``/``module.`` prefixes) or the original
@@ -448,6 +456,14 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     chain = [model]
     while (inner := _wrapped(chain[-1])) is not None and len(chain) < 8:
         chain.append(getattr(chain[-1], inner[0]))
+    fits = [set(m.state_dict()) for m in chain]
+    # A checkpoint saved from a wrapper (DDP: "module.", torch.compile: "_orig_mod.") into a
+    # plain model: the wrapper's prefixes go when the keys then fit exactly.
+    while set(state) not in fits and (prefix := _wrapper_prefix(state)) is not None:
+        stripped = {k.removeprefix(prefix): v for k, v in state.items()}
+        if not any(set(stripped) <= f for f in fits) and _wrapper_prefix(stripped) is None:
+            break
+        state = stripped
     keys = set(state)
     model = next((m for m in chain if set(m.state_dict()) == keys), model)
     try:
