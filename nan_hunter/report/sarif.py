@@ -140,7 +140,8 @@ def _artifact(path: str) -> dict[str, Any]:
     relative = repository_relative(path)
     if relative is None:
         return {"uri": Path(path).resolve().as_uri()}
-    return {"uri": quote(relative), "uriBaseId": "%SRCROOT%"}
+    # a name that is not UTF-8 (held with surrogate escapes) is percent-encoded as its bytes
+    return {"uri": quote(relative, errors="surrogateescape"), "uriBaseId": "%SRCROOT%"}
 
 
 def _related(ref: OpRef) -> dict[str, Any]:
