@@ -135,8 +135,10 @@ def main() -> None:
 
     from nan_hunter import activity
     from nan_hunter.errors import NanHunterError
+    from nan_hunter.loader import use_own_module_names
     from nan_hunter.progress import listening
 
+    use_own_module_names()  # this process ends with the scan: model files keep their names
     _watch_modules(board.module)
     activity.listen(board.stage)
     try:

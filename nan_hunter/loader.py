@@ -343,15 +343,28 @@ def _relative_import_hint(path: Path, exc: UserCodeError) -> str | None:
     )
 
 
+_OWN_NAMES = False
+"""Set in the scan process (``use_own_module_names``), which ends with its scan. The Python API
+runs in the caller's process, whose later ``import models`` must find its own ``models``, not
+a scanned file: there model files keep internal names."""
+
+
+def use_own_module_names() -> None:
+    """Import model files under their own names from now on (the scan process)."""
+    global _OWN_NAMES
+    _OWN_NAMES = True
+
+
 def _module_name(path: Path) -> str:
-    """The name a model file is imported under: its own (``model`` for ``model.py``), as
-    ``import model`` gives it, so that a process the model starts by the spawn or forkserver
-    method (a DataLoader's workers, by default on macOS) can import it to unpickle the
-    model's objects; an internal name when that one is taken (an imported or built-in
-    module) or is not a module name."""
+    """The name a model file is imported under: in the scan process its own (``model`` for
+    ``model.py``), as ``import model`` gives it, so that a process the model starts by the
+    spawn or forkserver method (a DataLoader's workers, by default on macOS) can import it to
+    unpickle the model's objects; an internal name in a caller's process, or when that one is
+    taken (an imported or built-in module) or is not a module name."""
     stem = path.stem
     free = (
-        stem.isidentifier()
+        _OWN_NAMES
+        and stem.isidentifier()
         and not keyword.iskeyword(stem)
         and stem not in sys.modules
         and stem not in sys.builtin_module_names

@@ -3,8 +3,9 @@ with the spawn or forkserver method (the default on macOS, and on Linux from Pyt
 9edd299 the model file was imported under an internal name (``_nan_hunter_user_model_1d814b``)
 that no other process can import, so each worker failed to unpickle the dataset ("No module
 named '_nan_hunter_user_...'") and the scan ended with "DataLoader worker ... exited
-unexpectedly" (exit 2). Now the file is imported under its own name, as ``import model`` would
-do, whenever that name is free."""
+unexpectedly" (exit 2). Now the scan process imports the file under its own name, as ``import
+model`` would do, whenever that name is free (the Python API, in the caller's process, keeps
+the internal name)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from nan_hunter import loader
 from nan_hunter.cli import app
 from nan_hunter.loader import import_user_module
 
@@ -50,7 +52,14 @@ def test_a_batch_from_spawned_dataloader_workers(context: str, work: Path) -> No
     assert json.loads(result.stdout)["status"] == "clean"
 
 
-def test_the_module_name_is_the_files_own_unless_taken(tmp_path: Path) -> None:
+def test_the_module_name_is_the_files_own_unless_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "attack20_api_name.py"
+    path.write_text("VALUE = 1\n")
+    # the caller's process (the Python API): an internal name, its own "import x" stays its own
+    assert import_user_module(str(path)).__name__.startswith("_nan_hunter_user_attack20_api")
+    monkeypatch.setattr(loader, "_OWN_NAMES", True)  # the scan process (nan_hunter._worker)
     for stem in ("attack20_free_name", "json", "my-model"):
         path = tmp_path / f"{stem}.py"
         path.write_text("VALUE = 1\n")
