@@ -369,8 +369,24 @@ def _module_name(path: Path) -> str:
         and stem not in sys.modules
         and stem not in sys.builtin_module_names
         and importlib.machinery.FrozenImporter.find_spec(stem) is None
+        and not _importable_elsewhere(stem, path)
     )
     return stem if free else f"_nan_hunter_user_{stem}_{abs(hash(str(path))) & 0xFFFFFF:06x}"
+
+
+def _importable_elsewhere(name: str, path: Path) -> bool:
+    """Whether ``import name`` would find another module than ``path`` (an installed package
+    or one of the standard library's not imported yet: ``yaml``, ``test``): the model file must
+    not take its name, or whatever imports it later in the scan process (nan-hunter, torch, the
+    model's own libraries) would get the model file instead."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a broken finder or package: keep away from the name
+        return True
+    if found is None:
+        return False
+    origin = found.origin
+    return origin is None or Path(origin).resolve() != path
 
 
 def _exists(path: Path, spec: str) -> bool:

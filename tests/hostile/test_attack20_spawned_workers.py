@@ -10,6 +10,7 @@ the internal name)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,13 +61,18 @@ def test_the_module_name_is_the_files_own_unless_taken(
     # the caller's process (the Python API): an internal name, its own "import x" stays its own
     assert import_user_module(str(path)).__name__.startswith("_nan_hunter_user_attack20_api")
     monkeypatch.setattr(loader, "_OWN_NAMES", True)  # the scan process (nan_hunter._worker)
-    for stem in ("attack20_free_name", "json", "my-model"):
+    for stem in ("attack20_free_name", "json", "my-model", "yaml", "test"):
         path = tmp_path / f"{stem}.py"
         path.write_text("VALUE = 1\n")
         module = import_user_module(str(path))
         assert module.__file__ == str(path) and module.VALUE == 1
         if stem == "attack20_free_name":
             assert module.__name__ == stem
-        else:  # an imported module's name, or not an identifier: an internal name
+        else:  # an imported or importable module's name, or not an identifier: internal
             assert module.__name__.startswith(f"_nan_hunter_user_{stem}_")
             assert json.__name__ == "json"
+    # Not imported yet, but importable (the standard library's test package, an installed
+    # package): the model file must not shadow it for later imports in the scan process.
+    assert "test" not in sys.modules or sys.modules["test"].__file__ != str(tmp_path / "test.py")
+    yaml_module = sys.modules.get("yaml")
+    assert yaml_module is None or yaml_module.__file__ != str(tmp_path / "yaml.py")
