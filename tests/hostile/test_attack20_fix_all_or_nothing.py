@@ -16,22 +16,9 @@ from typer.testing import CliRunner
 
 from nan_hunter import safe_write
 from nan_hunter.cli import app
+from tests.hostile.sources import GRAM_LAYERS
 
-LAYERS = """\
-import torch
-from torch import nn
-
-
-class Gram(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(16, 16)
-
-    def forward(self, x):
-        h = self.proj(x) * 300.0
-        g = h @ h.transpose(-2, -1)
-        return g.mean(-1) / (g.abs().amax() + 1.0)
-"""
+LAYERS = GRAM_LAYERS
 
 MODEL = """\
 import torch
