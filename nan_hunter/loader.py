@@ -13,7 +13,6 @@ traces the original module's eager code, and ``Target.unwrapped`` says which wra
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import importlib.util
 import keyword
 import sys
@@ -367,18 +366,16 @@ def _module_name(path: Path) -> str:
         and stem.isidentifier()
         and not keyword.iskeyword(stem)
         and stem not in sys.modules
-        and stem not in sys.builtin_module_names
-        and importlib.machinery.FrozenImporter.find_spec(stem) is None
         and not _importable_elsewhere(stem, path)
     )
     return stem if free else f"_nan_hunter_user_{stem}_{abs(hash(str(path))) & 0xFFFFFF:06x}"
 
 
 def _importable_elsewhere(name: str, path: Path) -> bool:
-    """Whether ``import name`` would find another module than ``path`` (an installed package
-    or one of the standard library's not imported yet: ``yaml``, ``test``): the model file must
-    not take its name, or whatever imports it later in the scan process (nan-hunter, torch, the
-    model's own libraries) would get the model file instead."""
+    """Whether ``import name`` would find another module than ``path`` (a built-in or frozen
+    module, an installed package or one of the standard library's not imported yet: ``yaml``,
+    ``test``): the model file must not take its name, or whatever imports it later in the scan
+    process (nan-hunter, torch, the model's own libraries) would get the model file instead."""
     try:
         found = importlib.util.find_spec(name)
     except (ImportError, ValueError):  # a broken finder or package: keep away from the name

@@ -61,7 +61,7 @@ def test_the_module_name_is_the_files_own_unless_taken(
     # the caller's process (the Python API): an internal name, its own "import x" stays its own
     assert import_user_module(str(path)).__name__.startswith("_nan_hunter_user_attack20_api")
     monkeypatch.setattr(loader, "_OWN_NAMES", True)  # the scan process (nan_hunter._worker)
-    for stem in ("attack20_free_name", "json", "my-model", "yaml", "test"):
+    for stem in ("attack20_free_name", "json", "my-model", "yaml", "test", "_tracemalloc"):
         path = tmp_path / f"{stem}.py"
         path.write_text("VALUE = 1\n")
         module = import_user_module(str(path))
