@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 
 from nan_hunter import choices
 from nan_hunter.terminal import ColorChoice
+from nan_hunter.untrusted import echoed
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -27,7 +28,7 @@ class OneLineErrors(TyperGroup):
             typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
             code = EXIT_ERROR
         except _clicks.ClickException as exc:
-            typer.echo(f"nan-hunter: error: {_usage_message(exc)}", err=True)
+            typer.echo(f"nan-hunter: error: {echoed(_usage_message(exc))}", err=True)
             code = EXIT_ERROR
         except typer.Abort:
             code = 130

@@ -20,6 +20,7 @@ from nan_hunter.errors import NanHunterError, first_line
 from nan_hunter.scan_job import ScanJob, scan_job
 from nan_hunter.targets import visible
 from nan_hunter.terminal import ColorChoice
+from nan_hunter.untrusted import echoed, shown_lines
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -150,8 +151,8 @@ def run_scan(request: ScanRequest) -> None:
                 output_text = getattr(exc, "output", "")
                 if len(files) == 1:
                     raise fail(str(exc), output_text) from None
-                typer.echo(f"nan-hunter: error: {path}: {exc}", err=True)
-                typer.echo(output_text, err=True, nl=False)
+                typer.echo(f"nan-hunter: error: {echoed(f'{path}: {exc}')}", err=True)
+                typer.echo(shown_lines(output_text), err=True, nl=False)
                 failed.append(Failed(path, str(exc)))
             except Exception as exc:  # a bug of ours: say so in one line
                 if debug:
@@ -159,7 +160,7 @@ def run_scan(request: ScanRequest) -> None:
                 message = _internal(exc)
                 if len(files) == 1:
                     raise fail(message) from None
-                typer.echo(f"nan-hunter: error: {path}: {message}", err=True)
+                typer.echo(f"nan-hunter: error: {echoed(f'{path}: {message}')}", err=True)
                 failed.append(Failed(path, message))
             shown.file_done()
 
@@ -200,10 +201,12 @@ def run_scan(request: ScanRequest) -> None:
 
 
 def fail(message: str, output: str = "") -> typer.Exit:
-    """One error line; then, for a failed scan process, what the model's code printed."""
-    typer.echo(f"nan-hunter: error: {message}", err=True)
+    """One error line (the model's text in it capped and its control characters shown escaped:
+    ``nan_hunter.untrusted``); then, for a failed scan process, what the model's code printed,
+    its control characters shown escaped too."""
+    typer.echo(f"nan-hunter: error: {echoed(message)}", err=True)
     if output:
-        typer.echo(output, err=True, nl=False)
+        typer.echo(shown_lines(output), err=True, nl=False)
     return typer.Exit(EXIT_ERROR)
 
 

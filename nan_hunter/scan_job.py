@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nan_hunter.untrusted import shown
+
 if TYPE_CHECKING:
     from nan_hunter.config import Settings
     from nan_hunter.findings import Report
@@ -115,6 +117,7 @@ def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> N
 def _say(message: str) -> None:
     """``message`` on stderr, even when the model's code closed or replaced ``sys.stderr``: the
     report must not be lost to a note about it (a file already fixed and the scan "failed")."""
+    message = shown(message)  # file names and reasons from the model: one line, no controls
     for stream in (sys.stderr, sys.__stderr__):
         if stream is None:  # print(file=None) would write to stdout, where the report goes
             continue

@@ -394,7 +394,7 @@ def test_junit_clean_and_warnings_only_pass() -> None:
 
 def test_junit_survives_characters_xml_cannot_hold() -> None:
     failure = _junit(_report(_finding(message="bad \x00 byte <&>"))).find("testcase/failure")
-    assert failure is not None and failure.get("message") == "1 error: bad \ufffd byte <&>"
+    assert failure is not None and failure.get("message") == "1 error: bad \\x00 byte <&>"
 
 
 # --- Markdown ----------------------------------------------------------------------------------

@@ -22,9 +22,10 @@ from nan_hunter.findings import Failed, Report
 from nan_hunter.report.github import escape_data, render_github
 from nan_hunter.report.json_report import report_dict
 from nan_hunter.report.junit import render_junit_many
-from nan_hunter.report.markdown import render_markdown
+from nan_hunter.report.markdown import code, prose, render_markdown
 from nan_hunter.report.sarif import render_sarif_many
 from nan_hunter.report.text import render_text
+from nan_hunter.untrusted import echoed
 from nan_hunter.version import __version__
 
 SCHEMA = "nan-hunter/reports/v1"
@@ -40,7 +41,7 @@ def render_many(
 ) -> str:
     if fmt == "text":
         parts = [render_text(r, color=color, width=width) for r in reports]
-        lines = [f"failed: {f.path}: {f.message}" for f in failed]
+        lines = [f"failed: {echoed(f.path)}: {echoed(f.message)}" for f in failed]
         return "\n".join([*parts, *lines, total_line(reports, failed)]) + "\n"
     if fmt == "json":
         return json.dumps(reports_dict(reports, failed), indent=2) + "\n"
@@ -57,7 +58,9 @@ def render_many(
         blocks = [render_markdown(r) for r in reports]
         if failed:
             blocks.append(
-                "# Not scanned\n\n" + "\n".join(f"- `{f.path}`: {f.message}" for f in failed) + "\n"
+                "# Not scanned\n\n"
+                + "\n".join(f"- {code(f.path)}: {prose(f.message)}" for f in failed)
+                + "\n"
             )
         blocks.append(f"**Total:** {total_line(reports, failed)}\n")
         return "\n---\n\n".join(blocks)

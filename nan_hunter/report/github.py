@@ -2,13 +2,17 @@
 An annotation's file is its path from the repository root (the working directory outside one).
 
 Escaping follows the Actions runner: in the message ``%``, CR and LF are percent-encoded; in
-property values (file, line, title) also ``:`` and ``,``, which would end the value.
+property values (file, line, title) also ``:`` and ``,``, which would end the value. Every other
+control character from the model is shown escaped (``nan_hunter.untrusted``): the log renders
+terminal sequences. The summary line is not a command, but it names the model file: it is escaped
+the same way, so no newline in a file name starts a workflow command of its own.
 """
 
 from __future__ import annotations
 
 from nan_hunter.findings import Finding, Report, Severity
 from nan_hunter.report.paths import display_path, repository_relative
+from nan_hunter.untrusted import shown
 
 COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 
@@ -33,7 +37,9 @@ def annotation(f: Finding) -> str:
 
 
 def escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """A command's message: GitHub's ``%``, CR, LF encoding (the annotation shows the line
+    breaks), then every other control character shown escaped."""
+    return shown(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def escape_property(text: str) -> str:
@@ -45,5 +51,6 @@ def _summary(report: Report) -> str:
     errors, warnings = report.errors, report.warnings
     return (
         f"nan-hunter: {errors} error{'' if errors == 1 else 's'}, "
-        f"{warnings} warning{'' if warnings == 1 else 's'} in {display_path(report.target.file)}"
+        f"{warnings} warning{'' if warnings == 1 else 's'} in "
+        f"{escape_data(display_path(report.target.file))}"
     )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from nan_hunter.findings import Failed, Finding, Report
 from nan_hunter.report.paths import display_path
+from nan_hunter.untrusted import shown_lines
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 """Characters XML 1.0 cannot hold at all, not even escaped."""
@@ -75,4 +76,6 @@ def _line(f: Finding, target: str) -> str:
 
 
 def _xml(text: str) -> str:
-    return _NOT_XML.sub("\ufffd", text)
+    """Control characters shown escaped (a test tab is a terminal too), then whatever XML 1.0
+    cannot hold replaced (ElementTree escapes ``<``, ``&`` and ``>``, so ``]]>`` is harmless)."""
+    return _NOT_XML.sub("\ufffd", shown_lines(text))

@@ -9,6 +9,7 @@ from nan_hunter.findings import Finding, Phase, Report, Severity, SourceLocation
 from nan_hunter.report.paths import display_path
 from nan_hunter.report.text import verdict_sentence as fp32_verdict
 from nan_hunter.trace.summary import TensorStats, format_number
+from nan_hunter.untrusted import shown, shown_lines
 
 _PROSE_SPECIAL = re.compile(r"([\\`*_\[\]~]|<(?=[A-Za-z/!?]))")
 """What Markdown would read as markup in plain text: emphasis (``__add__``), links, HTML."""
@@ -21,9 +22,10 @@ _STATS_HEADER = (
 def render_markdown(report: Report) -> str:
     t = report.target
     blocks = [
-        f"# nan-hunter: {_code(display_path(t.file))} ({t.mode}, {t.dtype}, {t.device}, "
-        f"policy {_prose(t.policy)}"
-        f"{', ' + _prose(t.loss_scaling.render()) if t.loss_scaling else ''}): {report.status}"
+        f"# nan-hunter: {code(display_path(t.file))} ({prose(t.mode)}, {prose(t.dtype)}, "
+        f"{prose(t.device)}, "
+        f"policy {prose(t.policy)}"
+        f"{', ' + prose(t.loss_scaling.render()) if t.loss_scaling else ''}): {report.status}"
     ]
     errors = [f for f in report.active if f.severity is Severity.ERROR]
     others = [f for f in report.active if f.severity is not Severity.ERROR]
@@ -42,38 +44,38 @@ def _suppressed(findings: Iterable[Finding]) -> str:
     lines = ["## Suppressed", ""]
     for f in findings:
         assert f.suppression is not None
-        where = f" at {_where(f.location)}" if f.location else ""
-        lines.append(f"- **{f.code}**{where}: {_prose(f.suppression.reason)}")
+        where = f" at {code(_where(f.location))}" if f.location else ""
+        lines.append(f"- **{f.code}**{where}: {prose(f.suppression.reason)}")
     return "\n".join(lines)
 
 
 def _error(f: Finding) -> str:
     heading = f"## {f.code} · {f.kind.value}"
     if f.location is not None:
-        heading += f" · {_code(_where(f.location))}"
-    blocks = [heading, _prose(f.message)]
+        heading += f" · {code(_where(f.location))}"
+    blocks = [heading, prose(f.message)]
     facts: list[str] = []
     if f.location is not None:
-        facts.append(f"- **code:** {_code(f.location.code)}")
+        facts.append(f"- **code:** {code(f.location.code)}")
     if f.op:
         phase = " (backward)" if f.phase is Phase.BACKWARD else ""
-        facts.append(f"- **op:** {_code(f.op)}{phase} in module {_code(f.module or '(root)')}")
+        facts.append(f"- **op:** {code(f.op)}{phase} in module {code(f.module or '(root)')}")
     if facts:
         blocks.append("\n".join(facts))
     if f.inputs or f.outputs:
         blocks.append(_stats_table(f))
     facts = []
     if f.fp32_rerun is not None:
-        facts.append(f"- **FP32:** {_prose(fp32_verdict(f))}")
+        facts.append(f"- **FP32:** {prose(fp32_verdict(f))}")
     if f.upstream is not None:
-        cause = f"- **cause:** {_code(f.upstream.op)}"
+        cause = f"- **cause:** {code(f.upstream.op)}"
         if f.upstream.location is not None:
             where = f.upstream.location
-            cause += f" at {_code(_where(where))}: {_code(where.code)}"
-        facts.append(f"{cause} ({_prose(f.upstream.reason)})")
-    facts.extend(f"- **note:** {_prose(note)}" for note in f.notes)
+            cause += f" at {code(_where(where))}: {code(where.code)}"
+        facts.append(f"{cause} ({prose(f.upstream.reason)})")
+    facts.extend(f"- **note:** {prose(note)}" for note in f.notes)
     if f.fix is not None:
-        facts.append(f"- **fix** ({f.fix.applicability.value}): {_prose(f.fix.title)}")
+        facts.append(f"- **fix** ({f.fix.applicability.value}): {prose(f.fix.title)}")
     if facts:
         blocks.append("\n".join(facts))
     if f.fix is not None and f.fix.diff:
@@ -93,7 +95,7 @@ def _stats_row(label: str, s: TensorStats) -> str:
         return "–" if value is None else format_number(value)
 
     shape = "[" + ", ".join(str(d) for d in s.shape) + "]"
-    cells = [label, shape, s.dtype, number(s.min), number(s.max),
+    cells = [label, shape, prose(s.dtype), number(s.min), number(s.max),
              str(s.nan), str(s.posinf), str(s.neginf)]
     return _row(_cell(c) for c in cells)
 
@@ -104,8 +106,8 @@ def _warnings(report: Report, findings: list[Finding]) -> str:
         lines += [f"{len(findings)} of {report.warnings} listed.", ""]
     lines += ["| code | location | message |", "| --- | --- | --- |"]
     for f in findings:
-        where = _code(_where(f.location)) if f.location is not None else "–"
-        lines.append(_row([f.code, _cell(where), _cell(_prose(f.message))]))
+        where = code(_where(f.location)) if f.location is not None else "–"
+        lines.append(_row([f.code, _cell(where), _cell(prose(f.message))]))
     return "\n".join(lines)
 
 
@@ -126,12 +128,17 @@ def _where(loc: SourceLocation) -> str:
     return f"{display_path(loc.file)}:{loc.line}"
 
 
-def _prose(text: str) -> str:
-    return _PROSE_SPECIAL.sub(r"\\\1", text)
+def prose(text: str) -> str:
+    """Plain text from the model in a paragraph: one line (control characters and newlines
+    shown escaped, so no blank line starts a block of its own) with Markdown's markup and HTML
+    escaped."""
+    return _PROSE_SPECIAL.sub(r"\\\1", shown(text))
 
 
-def _code(text: str) -> str:
-    """An inline code span that survives backticks in ``text`` (CommonMark 6.1)."""
+def code(text: str) -> str:
+    """An inline code span that survives backticks in ``text`` (CommonMark 6.1), on one line:
+    a blank line would end the paragraph, and the span with it."""
+    text = shown(text)
     runs = [len(run) for run in re.findall(r"`+", text)]
     fence = "`" * (max(runs, default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
@@ -139,14 +146,18 @@ def _code(text: str) -> str:
 
 
 def _fenced(text: str, info: str) -> str:
-    runs = [len(run) for run in re.findall(r"^`{3,}", text, flags=re.MULTILINE)]
+    """A fenced block longer than any backtick run inside ``text``: a closing fence may be
+    indented (a diff's context line is), so every run counts, not only those at a line's start."""
+    text = shown_lines(text)
+    runs = [len(run) for run in re.findall(r"`+", text)]
     fence = "`" * max(3, max(runs, default=0) + 1)
     return f"{fence}{info}\n{text.rstrip(chr(10))}\n{fence}"
 
 
 def _cell(text: str) -> str:
-    """A table cell: pipes escaped (also inside code spans, per GFM), newlines flattened."""
-    return " ".join(text.splitlines()).replace("|", "\\|")
+    """A table cell: one line (control characters shown escaped), pipes escaped (also inside
+    code spans, per GFM)."""
+    return shown(text).replace("|", "\\|")
 
 
 def _row(cells: Iterable[str]) -> str:

@@ -21,6 +21,7 @@ from nan_hunter.findings import Finding, Fix, Phase, Report, Severity
 from nan_hunter.precision.scale_window import scale_advice
 from nan_hunter.report.paths import display_path
 from nan_hunter.trace.summary import format_number
+from nan_hunter.untrusted import shown, shown_lines
 
 if TYPE_CHECKING:
     from nan_hunter.report.catalog import RuleInfo
@@ -48,11 +49,12 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
     t = report.target
     _paragraph(
         console,
-        f"[bold]nan-hunter[/] {escape(display_path(t.file))}: {t.mode} {t.dtype} on {t.device} "
-        f"(policy {t.policy}{', ' + escape(t.loss_scaling.render()) if t.loss_scaling else ''})",
+        f"[bold]nan-hunter[/] {_safe(display_path(t.file))}: {_safe(t.mode)} {_safe(t.dtype)} "
+        f"on {_safe(t.device)} (policy {_safe(t.policy)}"
+        f"{', ' + _safe(t.loss_scaling.render()) if t.loss_scaling else ''})",
     )
     for note in t.notes:
-        _hanging(console, "  [dim]note[/] ", escape(note))
+        _hanging(console, "  [dim]note[/] ", _safe(note))
     errors = [f for f in report.active if f.severity is Severity.ERROR]
     warnings = [f for f in report.active if f.severity is not Severity.ERROR]
     for finding in errors:
@@ -71,7 +73,7 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
     console.print()
     if report.loss_scale is not None and any(f.phase is Phase.BACKWARD for f in report.findings):
         _paragraph(
-            console, f"[bold]loss scale[/]: {escape(scale_advice(report.loss_scale, t.dtype))}"
+            console, f"[bold]loss scale[/]: {_safe(scale_advice(report.loss_scale, t.dtype))}"
         )
     _paragraph(console, _summary(report))
     return buffer.getvalue()
@@ -109,15 +111,15 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
     style = _STYLE[f.severity] if f.suppression is None else "dim"
     _hanging(
         console,
-        f"[{style}]{f.severity.value}[{f.code}][/]",
-        f"[bold]{f.kind.value}[/]: {escape(f.message)}",
+        f"[{style}]{f.severity.value}[{_safe(f.code)}][/]",
+        f"[bold]{f.kind.value}[/]: {_safe(f.message)}",
     )
     if f.suppression is not None:
-        _hanging(console, "  [dim]suppressed:[/]", escape(f.suppression.reason))
+        _hanging(console, "  [dim]suppressed:[/]", _safe(f.suppression.reason))
     if f.location is not None:
-        where = f"{escape(display_path(f.location.file))}:{f.location.line}"
+        where = f"{_safe(display_path(f.location.file))}:{f.location.line}"
         _hanging(console, "  [blue]-->[/]", where)
-        _hanging(console, "   [blue]|[/] ", escape(f.location.code))
+        _hanging(console, "   [blue]|[/] ", _safe(f.location.code))
     if not detailed:
         return
     rows: list[tuple[str, str]] = []
@@ -153,8 +155,14 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
     if f.fix is not None:
         for diff in (f.fix.diff, *(alt.diff for alt in f.fix.alternatives)):
             if diff:
-                console.print(Syntax(diff.rstrip("\n"), "diff", theme="ansi_dark",
+                console.print(Syntax(shown_lines(diff.rstrip("\n")), "diff", theme="ansi_dark",
                                      background_color="default"), soft_wrap=True)
+
+
+def _safe(text: str) -> str:
+    """A value from the model (a name, a message, a source line) as rich markup: control
+    characters shown escaped (``nan_hunter.untrusted``), markup characters escaped."""
+    return escape(shown(text))
 
 
 def _hanging(console: Console, head: str, body: str) -> None:
@@ -172,10 +180,10 @@ def _rows(console: Console, rows: list[tuple[str, str]]) -> None:
     label_width = max(len(label) for label, _ in rows)
     for label, value in rows:
         if console.soft_wrap:
-            console.print(f"  [dim]{label.ljust(label_width)}[/]  {escape(value)}")
+            console.print(f"  [dim]{label.ljust(label_width)}[/]  {_safe(value)}")
         else:
             head = Text.assemble("  ", (label.ljust(label_width), "dim"), " ")
-            _wrapped(console, head, Text(value))
+            _wrapped(console, head, Text(shown(value)))
 
 
 def _paragraph(console: Console, markup: str) -> None:

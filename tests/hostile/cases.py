@@ -257,7 +257,90 @@ LATIN1 = ("# -*- coding: latin-1 -*-\n# caf\xe9, na\xefve\n" + MATRIX).encode("l
 CRLF = MATRIX.replace("\n", "\r\n").encode()
 
 
+# --- text from the model in CI logs, pull-request comments and terminals -------------------
+
+INJECTED = "x\n::error title=Injected::by the model\n"
+"""A workflow command the model's text would start on a line of its own."""
+TERMINAL_CONTROLS = "\x1b]52;c;cHduZWQ=\x07\x1b]0;title\x07\x1b[2J\x9b1m"
+"""An OSC 52 clipboard write, a window title, a screen clear and an 8-bit CSI."""
+RAW_HTML = "<script>alert(1)</script><img src=x onerror=alert(1)>"
+MARKDOWN_BREAKOUT = f"a\n\n# pwned\n\n{RAW_HTML}"
+
+
+def _overflow_in(module_name: str) -> str:
+    """A model whose submodule ``module_name`` overflows FP16 (NH1xx in that module)."""
+    return (
+        "import torch\nfrom torch import nn\n\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        big = nn.Linear(4, 4)\n"
+        "        nn.init.constant_(big.weight, 1e5)\n"
+        f"        self.add_module({module_name!r}, big)\n\n"
+        "    def forward(self, x):\n"
+        f"        return getattr(self, {module_name!r})(x)\n\n\n"
+        "def build_model():\n    return Net()\n\n\n"
+        "def sample_batch():\n    return torch.ones(2, 4)\n"
+    )
+
+
+def _only_our_workflow_commands(folder: Path, result: Any) -> None:
+    for line in result.stdout.splitlines():
+        assert line.startswith(("::error ", "::warning ", "::notice ", "nan-hunter: ")), line
+
+
+def _no_terminal_controls(folder: Path, result: Any) -> None:
+    for stream in (result.stdout, result.stderr):
+        assert not any(c in stream for c in "\x1b\x07\x9b"), repr(stream[:300])
+    assert "\\x1b]52" in result.stdout + result.stderr  # shown, not sent
+
+
+def _html_of_markdown_is_ours(folder: Path, result: Any) -> None:
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(result.stdout)
+    assert "<script" not in html and "<img" not in html, html
+    assert "<h1>pwned" not in html
+
+
+def _error_line_capped(folder: Path, result: Any) -> None:
+    line = result.stderr.splitlines()[0]
+    assert len(line) < 2300, len(line)
+
+
 CASES: list[Case] = [
+    # --- text from the model in CI outputs and terminals -------------------------------------
+    Case("github-summary-of-a-file-name-with-a-newline",
+         ("scan", f"ok{INJECTED}y.py", "--format", "github"), 0,
+         files={f"ok{INJECTED}y.py": CLEAN}, check=_only_our_workflow_commands),
+    Case("github-annotation-of-a-module-name-with-a-newline", (*SCAN, "--format", "github"), 1,
+         files={"model.py": _overflow_in(INJECTED)}, check=_only_our_workflow_commands),
+    Case("github-failed-file-message-with-a-newline", ("scan", "models", "--format", "github"), 2,
+         r"models/b\.py: .*RuntimeError", files={"models/a.py": CLEAN,
+                "models/b.py": model(build=f"raise RuntimeError({INJECTED!r})")},
+         check=_only_our_workflow_commands, alone=False),
+    Case("markdown-module-name-leaves-no-code-span", (*SCAN, "--format", "markdown"), 1,
+         files={"model.py": _overflow_in(MARKDOWN_BREAKOUT)}, check=_html_of_markdown_is_ours),
+    Case("markdown-not-scanned-message-is-not-html", ("scan", "models", "--format", "markdown"),
+         2, r"models/b\.py: .*RuntimeError", files={"models/a.py": CLEAN,
+                   "models/b.py": model(build=f"raise RuntimeError({RAW_HTML!r})")},
+         check=_html_of_markdown_is_ours, alone=False),
+    Case("text-report-source-comment-with-terminal-controls", SCAN, 1,
+         files={"model.py": MATRIX.replace(
+             "codes = torch.matmul(dtd_inv, z)",
+             f"codes = torch.matmul(dtd_inv, z)  # {TERMINAL_CONTROLS}")},
+         setup=lambda folder, mp: mp.setenv("NO_COLOR", "1"), check=_no_terminal_controls),
+    Case("text-report-module-name-with-terminal-controls", SCAN, 1,
+         files={"model.py": _overflow_in(TERMINAL_CONTROLS)}, check=_no_terminal_controls),
+    Case("error-line-with-terminal-controls", SCAN, 2, r"RuntimeError during forward: \\x1b\]52",
+         files={"model.py": model(forward=f"raise RuntimeError({TERMINAL_CONTROLS!r})")},
+         check=_no_terminal_controls),
+    Case("error-line-of-a-megabyte-message-is-capped", SCAN, 2, r"\.\.\. \(\d{6,} more\)",
+         files={"model.py": model(forward="raise RuntimeError('x' * 1_000_000)")},
+         check=_error_line_capped),
+    Case("error-line-of-a-megabyte-message-is-capped-child", SCAN, 2, r"\.\.\. \(\d{6,} more\)",
+         files={"model.py": model(forward="raise RuntimeError('x' * 1_000_000)")},
+         check=_error_line_capped, child=True),
     # --- writes: --fix, backups, -o and --patch never lose or clobber a file ----------------
     Case("fix-backup-then-fix", (*SCAN, "--fix"), 0, files={"model.py": MATRIX},
          written=frozenset({"model.py", "model.py.orig"}), check=_backup_is("model.py.orig")),
