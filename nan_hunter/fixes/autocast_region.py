@@ -790,12 +790,90 @@ def _upcast_edits(
             and _root_name(func.value) not in module_names | torch_names
         )
         operands = _call_operands(node, n_tensor_operands, method)
+    numbers = dict.fromkeys(python_numbers(tree, line), True)
     return [
         edit
         for i, operand in enumerate(operands)
         if i not in fp32_operands and not _holds_any(operand, region_ops)
+        and not _is_number_expr(operand, numbers)
         for edit in _upcast_operand(source, operand, inside)
     ]
+
+
+_NUMBER_CALLS = frozenset({"float", "int", "len", "round", "abs", "min", "max", "sqrt", "log"})
+"""Calls of builtins (and ``math`` functions) that give a Python number."""
+_COUNT_METHODS = frozenset({"size", "dim", "numel", "item", "nelement", "ndimension"})
+"""Tensor methods that give a Python number (``x.size(0)``: an int)."""
+
+
+def python_numbers(tree: ast.Module, line: int) -> set[str]:
+    """Names (``bsz``) and attributes (``self.scale``) that hold a Python number where ``line``
+    runs, as far as the source says: assigned a number, an arithmetic of numbers, ``x.size(0)``,
+    ``x.shape[-1]`` or ``len(x)`` in the function holding ``line``, at module level, or (an
+    attribute of ``self``) anywhere in the class holding it, and never assigned anything else
+    there. Never given ``.float()``: the trace sees their values among an op's scalars, not
+    its tensors."""
+    scopes: list[ast.AST] = [tree]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and (
+            node.lineno <= line <= (node.end_lineno or node.lineno)
+        ):
+            scopes.append(node)
+    kinds: dict[str, bool] = {}
+    parameters = {
+        a.arg for scope in scopes if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs)
+    }
+    for scope in scopes:
+        nodes = scope.body if isinstance(scope, ast.Module) else ast.walk(scope)
+        for node in nodes:
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            is_number = _is_number_expr(value, kinds)
+            for target in targets:
+                name = _dotted(target)
+                if name is not None and (isinstance(scope, ast.Module) or name.startswith(
+                    "self.") or not isinstance(scope, ast.ClassDef)
+                ):
+                    kinds[name] = kinds.get(name, True) and is_number
+    return {name for name, number in kinds.items() if number and name not in parameters}
+
+
+def _is_number_expr(expr: ast.expr, known: dict[str, bool]) -> bool:
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
+    if isinstance(expr, ast.UnaryOp):
+        return _is_number_expr(expr.operand, known)
+    if isinstance(expr, ast.BinOp):
+        return _is_number_expr(expr.left, known) and _is_number_expr(expr.right, known)
+    if isinstance(expr, ast.Subscript):  # x.shape[-1], x.size()[0]
+        base = expr.value
+        return (isinstance(base, ast.Attribute) and base.attr == "shape") or (
+            isinstance(base, ast.Call) and _func_last_name(base.func) == "size"
+        )
+    if isinstance(expr, ast.Call):
+        name = _func_last_name(expr.func)
+        if isinstance(expr.func, ast.Attribute) and name in _COUNT_METHODS:
+            return name != "size" or bool(expr.args)  # x.size() is a torch.Size
+        return isinstance(expr.func, (ast.Name, ast.Attribute)) and name in _NUMBER_CALLS and (
+            all(_is_number_expr(a, known) or isinstance(a, ast.Name) for a in expr.args)
+            if name in ("min", "max", "abs", "round") else True
+        )
+    name = _dotted(expr)
+    return name is not None and known.get(name, False)
+
+
+def _dotted(expr: ast.expr) -> str | None:
+    """``bsz``, ``self.scale``; None for anything else."""
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return f"{expr.value.id}.{expr.attr}"
+    return None
 
 
 def _holds_any(expr: ast.expr, nodes: Sequence[ast.AST]) -> bool:

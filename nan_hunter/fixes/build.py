@@ -13,6 +13,7 @@ from pathlib import Path
 from nan_hunter.findings import Applicability, Edit, Fix, SourceLocation
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.fixes.edits import edits_between, render_diff
+from nan_hunter.fixes.function_region import build_function_region_patch
 from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
 from nan_hunter.fixes.source import read_source
 from nan_hunter.project import is_installed, project_root
@@ -58,6 +59,7 @@ def build_fix(
     alternatives = tuple(
         alt for p in plan.alternatives if (alt := _build(c, p, device, site, half_dtype)).edits
     )
+    wider: list[Fix] = []
     if plan.region and fix.edits:
         # The same region grown to the statements producing its inputs: when the gradient
         # that the region sends back into an FP16 producer overflows (NH401 at the dtype
@@ -65,8 +67,38 @@ def build_fix(
         grown = _build(c, plan, device, site, half_dtype, grow=True)
         if grown.edits and grown.edits != fix.edits:
             title = f"{grown.title}, with the statements producing its inputs"
-            alternatives = (replace(grown, title=title), *alternatives)
+            wider.append(replace(grown, title=title))
+    whole = _whole_function(c, plan, device, site, half_dtype)
+    if whole is not None and all(whole.edits != f.edits for f in (fix, *wider)):
+        wider.append(whole)
+    if not fix.edits and wider:  # no narrow edit could be made: the wider one leads
+        fix, wider = wider[0], wider[1:]
+    alternatives = (*wider, *alternatives)
     return replace(fix, alternatives=alternatives) if alternatives else fix
+
+
+def _whole_function(
+    c: Candidate, plan: FixPlan, device: str, site: SourceLocation | None, half_dtype: str | None
+) -> Fix | None:
+    """The last step of the search before modelling advice: the function holding the culprit
+    (a submodule's ``forward``) with autocast disabled (``nan_hunter.fixes.function_region``).
+    Not for the root module, whose forward is the whole model (FP32 everywhere is no fix), nor
+    under ``model.half()``, where there is no autocast to disable."""
+    if not plan.region or half_dtype is not None or site is None or not c.ref_finite:
+        return None
+    if not c.event.module:
+        return None
+    path = Path(site.file).resolve()
+    patch = build_function_region_patch(
+        path, site.line, dtype=c.fmt.name, device_type=device, relative_to=project_root(path)
+    )
+    if patch is None:
+        return None
+    title = (
+        f"Run the function holding {c.event.op} (in {c.event.module}) in FP32: "
+        f"autocast disabled for all of it, its {c.fmt.name} tensor arguments cast to float32"
+    )
+    return make_fix(title, plan.applicability, patch.edits, project_root(path))
 
 
 _REWRITES = {

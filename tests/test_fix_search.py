@@ -1,0 +1,301 @@
+"""The fix search on code shapes no single fixture covers: casts only on FP16 tensors (never on a
+Python number, whichever side of the operator it stands and wherever it was assigned), and the
+whole function in FP32 when no narrower region can be made or verified."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nan_hunter.api import scan_file
+from nan_hunter.findings import Finding, Fix, Report
+from nan_hunter.fixes.autocast_region import python_numbers
+from nan_hunter.fixes.function_region import build_function_region_patch
+
+# --- which names hold Python numbers -----------------------------------------------------------
+
+
+def test_python_numbers_from_assignments_in_scope() -> None:
+    source = textwrap.dedent(
+        """\
+        N = 8
+        EPS = 1e-8
+        GRID = torch.ones(3)
+
+
+        class A:
+            def __init__(self):
+                self.scale = 30.0
+                self.temp = -(2 ** 0.5)
+                self.mixed = None
+                self.mixed = 3
+                self.weight = torch.ones(3)
+
+            def forward(self, x, n):
+                bsz = x.size(0)
+                d = x.shape[-1]
+                size = x.size()
+                k = len(x) * 2
+                m = max(bsz, d)
+                return x * self.scale / bsz
+        """
+    )
+    assert python_numbers(ast.parse(source), 20) == {
+        "N", "EPS", "self.scale", "self.temp", "bsz", "d", "k", "m",
+    }
+
+
+def test_a_parameter_is_never_taken_for_a_number_of_another_scope() -> None:
+    source = "n = 3\n\n\ndef f(n, x):\n    return x * n\n"
+    assert python_numbers(ast.parse(source), 5) == set()
+
+
+# --- casts on tensors only: generated shapes ---------------------------------------------------
+
+NUMBER_SOURCES = {
+    "float-attribute": ("self.gain = {value}", "self.gain"),
+    "module-constant": (None, "GAIN"),
+    "int-from-size": (None, "(x.size(0) * 0 + {value})"),
+}
+
+
+def _model(number: str, side: str, op: str, value: float, helper: bool) -> str:
+    """A block whose linear output times (or over) a Python number leaves FP16's range."""
+    init, name = NUMBER_SOURCES[number]
+    lines = ["import torch", "from torch import nn", "", f"GAIN = {value}", "", ""]
+    lines += [
+        "class Block(nn.Module):",
+        "    def __init__(self):",
+        "        super().__init__()",
+        "        self.fc = nn.Linear(16, 16)",
+    ]
+    if init:
+        lines.append("        " + init.format(value=value))
+    lines += ["", "    def forward(self, x):"]
+    if number == "int-from-size":
+        lines.append(f"        n = x.size(0) * 0 + {int(value)}")
+        name = "n"
+    operand = "self.fc(x)"
+    if helper:
+        lines.append("        h = self.fc(x)")
+        operand = "h"
+    expr = f"{operand} {op} {name}" if side == "left" else f"{name} {op} {operand}"
+    if op == "/":  # a tiny number: the quotient overflows
+        expr = f"{operand} / (1 / {name})" if side == "left" else f"(1 / {name}) ** -1 * {operand}"
+    lines += [f"        y = {expr}", f"        return y / {name}", "", ""]
+    lines += [
+        "class Net(nn.Module):",
+        "    def __init__(self):",
+        "        super().__init__()",
+        "        self.block = Block()",
+        "        self.out = nn.Linear(16, 2)",
+        "",
+        "    def forward(self, x):",
+        "        return self.out(self.block(x))",
+        "",
+        "",
+        "def build_model():",
+        "    torch.manual_seed(0)",
+        "    return Net()",
+        "",
+        "",
+        "def sample_batch():",
+        "    torch.manual_seed(1)",
+        "    return torch.randn(4, 16) * 8",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+SHAPES = [
+    (number, side, op, value, helper)
+    for (number, side, op), value, helper in itertools.product(
+        itertools.product(NUMBER_SOURCES, ("left", "right"), ("*", "/")), (1e4, 3e4), (False, True)
+    )
+]
+"""24 x 2 models: the number's origin, its side, the operator, its size, a named operand."""
+
+
+def _error(report: Report) -> Finding:
+    errors = [f for f in report.findings if f.is_error]
+    assert errors, "the generated model must fail the scan"
+    return errors[0]
+
+
+def _chosen(fix: Fix) -> Fix | None:
+    return next((f for f in (fix, *fix.alternatives) if f.verified), None)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["-".join(map(str, s)) for s in SHAPES])
+def test_no_cast_lands_on_a_python_number(shape: tuple, tmp_path: Path) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(_model(*shape), encoding="utf-8")
+    finding = _error(scan_file(str(path)))
+    assert finding.fix is not None
+    for fix in (finding.fix, *finding.fix.alternatives):
+        assert fix.diff is not None
+        added = [line for line in fix.diff.splitlines() if line.startswith("+ ")]
+        assert not any(f"{n}.float()" in line for line in added for n in ("gain", "GAIN", "n)")), (
+            fix.diff
+        )
+    assert "AttributeError" not in " ".join(finding.fix.remaining)
+    assert _chosen(finding.fix) is not None, finding.fix
+
+
+# --- the whole function in FP32 ----------------------------------------------------------------
+
+
+def _function_patch(tmp_path: Path, source: str, line_of: str) -> str | None:
+    path = tmp_path / "m.py"
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if line_of in text)
+    patch = build_function_region_patch(path, line, relative_to=tmp_path)
+    return None if patch is None else patch.new_source
+
+
+CAST = "{0} = {0}.float() if isinstance({0}, torch.Tensor) and {0}.dtype == torch.float16 else {0}"
+
+
+def test_function_region_casts_the_tensor_parameters_inside_a_disabled_block(
+    tmp_path: Path,
+) -> None:
+    source = '''\
+        import torch
+
+
+        class A(torch.nn.Module):
+            @some_decorator
+            def forward(self, q, k: torch.Tensor, n: int, *rest, mask=None, **options):
+                """Docstring stays first."""
+                s = q @ k.t()  # culprit
+                text = """
+        not re-indented
+        """
+                return s
+        '''
+    expected = f'''\
+        import torch
+
+
+        class A(torch.nn.Module):
+            @some_decorator
+            def forward(self, q, k: torch.Tensor, n: int, *rest, mask=None, **options):
+                """Docstring stays first."""
+                with torch.autocast(device_type="cuda", enabled=False):
+                    {CAST.format("q")}
+                    {CAST.format("k")}
+                    {CAST.format("mask")}
+                    s = q @ k.t()  # culprit
+                    text = """
+        not re-indented
+        """
+                    return s
+        '''
+    assert _function_patch(tmp_path, source, "culprit") == textwrap.dedent(expected)
+
+
+def test_function_region_of_a_plain_function_adds_the_torch_import(tmp_path: Path) -> None:
+    source = """\
+        from torch import nn
+
+
+        def attend(x):
+            return x @ x.transpose(-2, -1)  # culprit
+        """
+    patched = _function_patch(tmp_path, source, "culprit")
+    assert patched is not None
+    assert patched.startswith("from torch import nn\nimport torch\n")
+    assert f"        {CAST.format('x')}\n" in patched
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "x = 1  # culprit\n",  # at module level: no function
+        "def f(x): return x @ x  # culprit\n",  # one line: nowhere to put the casts
+        "import torch\n\n\ndef f(x):\n    with torch.autocast('cuda', enabled=False):\n"
+        "        return x @ x  # culprit\n",  # already in FP32
+        "def f(xs):\n    return [g(x) for x in xs] or (lambda y: y @ y)(xs)  # culprit\n",
+    ],
+    ids=["module-level", "one-line-def", "already-fp32", "lambda"],
+)
+def test_function_region_is_not_made_where_it_cannot_be(source: str, tmp_path: Path) -> None:
+    assert _function_patch(tmp_path, source, "culprit") is None
+
+
+COMPREHENSION = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.proj(x)
+            return torch.stack(
+                [(p @ p.transpose(-2, -1)).softmax(-1) @ p for p in h.chunk(2, dim=-1)]
+            ).sum(0)
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = Heads()
+            self.out = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.out(self.heads(x))
+
+
+    def build_model():
+        torch.manual_seed(0)
+        net = Net()
+        nn.init.constant_(net.heads.proj.weight, 0.5)
+        return net
+
+
+    def sample_batch():
+        torch.manual_seed(1)
+        return torch.rand(2, 6, 16) * 4 + 20
+    """
+)
+
+
+def test_an_op_in_a_comprehension_gets_its_function_in_fp32_verified(tmp_path: Path) -> None:
+    """No statement region can be made inside a comprehension: the search goes straight to the
+    function holding it, and the re-scan verifies it."""
+    path = tmp_path / "model.py"
+    path.write_text(COMPREHENSION, encoding="utf-8")
+    finding = _error(scan_file(str(path)))
+    assert (finding.op, finding.module) == ("Tensor.__matmul__", "heads")
+    assert finding.fix is not None
+    assert finding.fix.title.startswith("Run the function holding Tensor.__matmul__ (in heads)")
+    assert finding.fix.verified is True, finding.fix.remaining
+    assert '        with torch.autocast(device_type="cuda", enabled=False):' in (
+        finding.fix.diff or ""
+    )
+
+
+def test_the_root_forward_is_not_offered_as_a_function_region(tmp_path: Path) -> None:
+    """The root module's forward is the whole model: FP32 everywhere is no fix."""
+    source = COMPREHENSION.replace(
+        "        return self.out(self.heads(x))",
+        "        h = self.heads.proj(x)\n"
+        "        heads = [(p @ p.transpose(-2, -1)).softmax(-1) @ p for p in h.chunk(2, dim=-1)]\n"
+        "        return self.out(torch.stack(heads).sum(0))",
+    )
+    path = tmp_path / "model.py"
+    path.write_text(source, encoding="utf-8")
+    finding = _error(scan_file(str(path)))
+    assert (finding.op, finding.module) == ("Tensor.__matmul__", "")
+    assert finding.fix is not None
+    titles = [f.title for f in (finding.fix, *finding.fix.alternatives)]
+    assert not any(t.startswith("Run the function holding") for t in titles), titles
