@@ -215,7 +215,7 @@ def test_fallback_skips_torch_calls_for_outermost_user_call(tmp_path: pathlib.Pa
 
         def f(self, h):
             with torch.autocast(device_type="cuda", enabled=False):
-                y = torch.tanh(self.fc((h + 1).float()))
+                y = torch.tanh(self.fc(h.float() + 1))
             return y
     """)
     _patch(tmp_path, source, expected, "torch.tanh", "torch.nn.functional.linear", 1)
@@ -485,7 +485,7 @@ def test_augmented_assignment_is_rewritten_out_of_place(tmp_path: pathlib.Path) 
     expected = (
         "import torch\n\n\ndef f(self, w):\n"
         '    with torch.autocast(device_type="cuda", enabled=False):\n'
-        "        self.h = self.h.float() * (w + 1).float()  # grow\n    return self.h\n"
+        "        self.h = self.h.float() * (w.float() + 1)  # grow\n    return self.h\n"
     )
     _patch(tmp_path, source, expected, "self.h *=", "Tensor.__imul__", 2)
 
@@ -495,7 +495,7 @@ def test_constants_and_existing_upcasts_are_left_alone(tmp_path: pathlib.Path) -
     expected = (
         "import torch\n\n\ndef f(x, w):\n"
         '    with torch.autocast(device_type="cuda", enabled=False):\n'
-        "        y = x.float() - (-w).float()\n    return 2.0 * y\n"
+        "        y = x.float() - -w.float()\n    return 2.0 * y\n"
     )
     _patch(tmp_path, source, expected, "y = x", "Tensor.__sub__", 2)
     expected = (

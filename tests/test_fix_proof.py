@@ -49,7 +49,7 @@ def test_no_op_region_after_an_fp16_clamp_is_not_verified_and_never_written(
     report = scan_file(str(path), verify=False)
     culprit = marker_line(path, "# <- culprit")
     patch = build_autocast_region_patch(path, culprit, "torch.log1p", 1)
-    assert patch is not None and "torch.log1p((-s).float())" in patch.new_source
+    assert patch is not None and "torch.log1p(-s.float())" in patch.new_source
     hostile, _ = _with_fix(report, patch.new_source, path)
     verified = verify_fixes(hostile, _rescan, path).findings[0].fix
     assert verified is not None and verified.verified is False

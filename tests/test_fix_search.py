@@ -299,3 +299,57 @@ def test_the_root_forward_is_not_offered_as_a_function_region(tmp_path: Path) ->
     assert finding.fix is not None
     titles = [f.title for f in (finding.fix, *finding.fix.alternatives)]
     assert not any(t.startswith("Run the function holding") for t in titles), titles
+
+
+# --- casts on the leaves of a sub-expression ---------------------------------------------------
+
+LEAVES = [
+    # (statement, culprit op, tensor operands, autocast-mode cast, half-mode cast)
+    ("y = x / torch.sqrt(s + eps)", "Tensor.__truediv__", 2,
+     "y = x.float() / torch.sqrt(s.float() + eps)", None),
+    ("y = (k.transpose(-2, -1) @ v) * x", "Tensor.__mul__", 2,
+     "y = (k.transpose(-2, -1).float() @ v.float()) * x.float()", None),
+    ("y = self.proj(x) @ w", "Tensor.__matmul__", 2,
+     "y = self.proj(x.float()) @ w.float()", "y = self.proj(x).float() @ w.float()"),
+    ("y = -(x * x).sum(-1) / n", "Tensor.__truediv__", 1,
+     "y = -(x.float() * x.float()).sum(-1) / n", None),
+    ("y = torch.matmul(a + b, w) * x", "Tensor.__mul__", 2,
+     "y = torch.matmul(a.float() + b.float(), w.float()) * x.float()", None),
+    ("y = x.half() * w", "Tensor.__mul__", 2, "y = x.half().float() * w.float()", None),
+]
+
+
+def _leaf_source(statement: str) -> str:
+    return textwrap.dedent(
+        f"""\
+        import torch
+
+
+        class Block(torch.nn.Module):
+            def forward(self, x, s, k, v, w, a, b, eps=1e-5):
+                n = x.size(-1)
+                {statement}
+                return y
+        """
+    )
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["autocast", "half"])
+@pytest.mark.parametrize("case", LEAVES, ids=[c[0] for c in LEAVES])
+def test_casts_go_on_the_leaves_of_a_sub_expression(
+    case: tuple[str, str, int, str, str | None], half: bool, tmp_path: Path
+) -> None:
+    """A cast on ``(s + eps)`` would leave the addition in FP16: the leaves are cast instead,
+    a module call gets FP32 inputs under autocast (its weights are FP32) and is upcast after
+    under ``model.half()`` (its weights are FP16); a Python number (``n``, ``eps``) never."""
+    from nan_hunter.fixes.autocast_region import build_autocast_region_patch
+
+    statement, op, n, autocast_cast, half_cast = case
+    path = tmp_path / "m.py"
+    path.write_text(_leaf_source(statement), encoding="utf-8")
+    patch = build_autocast_region_patch(
+        path, 7, op, n, relative_to=tmp_path, cast_back="torch.float16" if half else None
+    )
+    assert patch is not None
+    expected = (half_cast or autocast_cast) if half else autocast_cast
+    assert f"    {expected}\n" in patch.new_source, patch.new_source

@@ -25,7 +25,7 @@ import ast
 import pathlib
 import re
 import tokenize
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -697,19 +697,84 @@ def _assigned_names(stmt: ast.stmt) -> set[str]:
 
 
 def _upcast_operand(
-    source: SourcePositions, expr: ast.expr, inside: AbstractSet[str] = frozenset()
+    source: SourcePositions,
+    expr: ast.expr,
+    inside: AbstractSet[str] = frozenset(),
+    numbers: Mapping[str, bool] | None = None,
+    torch_names: AbstractSet[str] = frozenset({"torch"}),
+    fp32_modules: bool = False,
 ) -> list[_Edit]:
-    """Edits turning ``expr`` into ``expr.float()`` / ``(expr).float()``; none if not needed:
-    already upcast, a constant, or made only of names the region computed in FP32."""
-    if _is_upcast(expr) or _is_constant(expr) or isinstance(expr, ast.Starred):
-        return []
-    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
-    if names and names <= inside and not any(isinstance(n, ast.Call) for n in ast.walk(expr)):
-        return []
-    start, end = source.span(expr)
-    if isinstance(expr, _ATOMIC_OPERANDS):
-        return [_Edit(end, end, ".float()")]
-    return [_Edit(start, start, "("), _Edit(end, end, ").float()")]
+    """Edits that make ``expr`` compute in FP32 from its leaves; none if not needed: already
+    upcast, a constant, a Python number, or made only of names the region computed in FP32.
+
+    A cast on a sub-expression's result would leave the sub-expression itself in FP16
+    (``torch.sqrt(s + eps)`` adds ``eps`` in FP16 even with autocast off), so the casts go on
+    the leaves it is computed from: through arithmetic, through a tensor method's receiver
+    (``k.float().transpose(-2, -1)``), through an elementwise torch function's first argument.
+    With ``fp32_modules`` (autocast mode, where a module's weights are FP32) a call of
+    ``self.<name>(...)`` gets its first argument cast, since a module inside an autocast-off
+    region cannot take FP16 inputs; otherwise (``model.half()``: FP16 weights) its result is
+    cast. Any other call, a name, an attribute or a subscript is a leaf: ``.float()`` after it.
+    """
+    numbers = numbers or {}
+
+    def leaves(e: ast.expr) -> list[_Edit]:
+        if _is_upcast(e) or _is_constant(e) or isinstance(e, ast.Starred):
+            return []
+        if _is_number_expr(e, numbers):
+            return []
+        names = {n.id for n in ast.walk(e) if isinstance(n, ast.Name)}
+        if names and names <= inside and not any(isinstance(n, ast.Call) for n in ast.walk(e)):
+            return []
+        if isinstance(e, ast.BinOp):
+            return [*leaves(e.left), *leaves(e.right)]
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub | ast.UAdd):
+            return leaves(e.operand)
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute):
+            receiver, method = e.func.value, e.func.attr
+            root = _root_name(receiver)
+            args = _positional(e)
+            if root in torch_names:
+                if method in _UNARY and args:
+                    return leaves(args[0])
+                if method in _BINARY and len(args) >= 2:
+                    return [*leaves(args[0]), *leaves(args[1])]
+            elif isinstance(receiver, ast.Name) and receiver.id == "self":
+                if fp32_modules:
+                    return leaves(args[0]) if args else []
+            elif method not in _DTYPE_METHODS and method not in _VIEW_METHODS:
+                return leaves(receiver)
+        start, end = source.span(e)
+        if isinstance(e, _ATOMIC_OPERANDS):
+            return [_Edit(end, end, ".float()")]
+        return [_Edit(start, start, "("), _Edit(end, end, ").float()")]
+
+    return leaves(expr)
+
+
+_UNARY = frozenset({
+    "sqrt", "rsqrt", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "abs", "square",
+    "pow", "tanh", "sigmoid", "softmax", "log_softmax", "sum", "mean", "var", "std", "norm",
+    "amax", "amin", "clamp", "clamp_min", "clamp_max", "reciprocal", "neg", "cumsum", "sin",
+    "cos", "erf", "gelu", "relu", "silu", "logsumexp",
+})
+"""torch functions whose first argument carries the values (``torch.sqrt(s + eps)``)."""
+_BINARY = frozenset({
+    "matmul", "mm", "bmm", "atan2", "add", "sub", "mul", "div", "maximum", "minimum", "hypot",
+})
+"""torch functions of two tensors (``torch.matmul(a, b)``)."""
+_DTYPE_METHODS = frozenset({
+    "to", "type", "half", "bfloat16", "int", "long", "bool", "short", "byte", "char", "item",
+    "size", "dim", "numel", "tolist",
+})
+"""Tensor methods whose result's dtype is not the receiver's: cast after them, not before."""
+_VIEW_METHODS = frozenset({
+    "transpose", "t", "permute", "view", "reshape", "contiguous", "unsqueeze", "squeeze",
+    "expand", "expand_as", "flatten", "narrow", "select", "chunk", "split", "unflatten",
+    "detach", "clone",
+})
+"""Tensor methods that move values without computing: the same cast before or after, and
+after reads as the code does (``k.transpose(-2, -1).float()``)."""
 
 
 def _positional(call: ast.Call) -> list[ast.expr]:
@@ -749,9 +814,19 @@ def _aug_assign_edits(
         return None
     start = target_end + at
     replacement = f"= {source.segment(target)}.float() {symbol}"
+    value = stmt.value
+    if isinstance(value, _ATOMIC_OPERANDS) or _is_constant(value):
+        return [_Edit(start, start + len(symbol) + 1, replacement), *_upcast_operand(source, value)]
+    # ``x *= w + 1`` -> ``x = x.float() * (w.float() + 1)``: the value keeps its precedence.
+    # Of two insertions at one offset, the later one in this list lands before the earlier
+    # (``_apply_edits``): the closing parenthesis comes before the leaves' edits and the
+    # opening one after them, so both enclose whatever a leaf adds at the value's ends.
+    value_start, value_end = source.span(value)
     return [
         _Edit(start, start + len(symbol) + 1, replacement),
-        *_upcast_operand(source, stmt.value),
+        _Edit(value_end, value_end, ")"),
+        *_upcast_operand(source, value),
+        _Edit(value_start, value_start, "("),
     ]
 
 
@@ -795,13 +870,16 @@ def _upcast_edits(
         edit
         for i, operand in enumerate(operands)
         if i not in fp32_operands and not _holds_any(operand, region_ops)
-        and not _is_number_expr(operand, numbers)
-        for edit in _upcast_operand(source, operand, inside)
+        for edit in _upcast_operand(
+            source, operand, inside, numbers, torch_names, fp32_modules=fallback
+        )
     ]
 
 
-_NUMBER_CALLS = frozenset({"float", "int", "len", "round", "abs", "min", "max", "sqrt", "log"})
-"""Calls of builtins (and ``math`` functions) that give a Python number."""
+_NUMBER_CALLS = frozenset({"float", "int", "len", "round", "abs", "min", "max"})
+"""Builtins that give a Python number: always (``_NUMBER_OF_ANYTHING``), or when their arguments
+are numbers (``abs(x)`` of a tensor is a tensor). ``math.*`` calls give numbers too."""
+_NUMBER_OF_ANYTHING = frozenset({"float", "int", "len"})
 _COUNT_METHODS = frozenset({"size", "dim", "numel", "item", "nelement", "ndimension"})
 """Tensor methods that give a Python number (``x.size(0)``: an int)."""
 
@@ -820,10 +898,14 @@ def python_numbers(tree: ast.Module, line: int) -> set[str]:
         ):
             scopes.append(node)
     kinds: dict[str, bool] = {}
-    parameters = {
-        a.arg for scope in scopes if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef))
-        for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs)
-    }
+    parameters: set[str] = set()
+    for scope in scopes:
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for arg, default in _parameters_with_defaults(scope.args):
+                if _is_number_parameter(arg, default):
+                    kinds[arg.arg] = True
+                else:
+                    parameters.add(arg.arg)
     for scope in scopes:
         nodes = scope.body if isinstance(scope, ast.Module) else ast.walk(scope)
         for node in nodes:
@@ -843,7 +925,24 @@ def python_numbers(tree: ast.Module, line: int) -> set[str]:
     return {name for name, number in kinds.items() if number and name not in parameters}
 
 
-def _is_number_expr(expr: ast.expr, known: dict[str, bool]) -> bool:
+def _parameters_with_defaults(
+    arguments: ast.arguments,
+) -> list[tuple[ast.arg, ast.expr | None]]:
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))
+    pairs = list(zip(positional, [*defaults, *arguments.defaults], strict=True))
+    return pairs + list(zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True))
+
+
+def _is_number_parameter(arg: ast.arg, default: ast.expr | None) -> bool:
+    """``eps=1e-5``, ``scale: float``: a parameter the signature says is a number."""
+    annotation = arg.annotation
+    if isinstance(annotation, ast.Name) and annotation.id in ("int", "float"):
+        return True
+    return default is not None and annotation is None and _is_number_expr(default, {})
+
+
+def _is_number_expr(expr: ast.expr, known: Mapping[str, bool]) -> bool:
     if isinstance(expr, ast.Constant):
         return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
     if isinstance(expr, ast.UnaryOp):
@@ -856,13 +955,18 @@ def _is_number_expr(expr: ast.expr, known: dict[str, bool]) -> bool:
             isinstance(base, ast.Call) and _func_last_name(base.func) == "size"
         )
     if isinstance(expr, ast.Call):
-        name = _func_last_name(expr.func)
-        if isinstance(expr.func, ast.Attribute) and name in _COUNT_METHODS:
-            return name != "size" or bool(expr.args)  # x.size() is a torch.Size
-        return isinstance(expr.func, (ast.Name, ast.Attribute)) and name in _NUMBER_CALLS and (
-            all(_is_number_expr(a, known) or isinstance(a, ast.Name) for a in expr.args)
-            if name in ("min", "max", "abs", "round") else True
-        )
+        func = expr.func
+        if isinstance(func, ast.Attribute):
+            if isinstance(func.value, ast.Name) and func.value.id == "math":
+                return True
+            if func.attr in _COUNT_METHODS:
+                return func.attr != "size" or bool(expr.args)  # x.size() is a torch.Size
+            return False
+        if isinstance(func, ast.Name) and func.id in _NUMBER_CALLS:
+            return func.id in _NUMBER_OF_ANYTHING or all(
+                _is_number_expr(a, known) for a in expr.args
+            )
+        return False
     name = _dotted(expr)
     return name is not None and known.get(name, False)
 
