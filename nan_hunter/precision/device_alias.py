@@ -6,11 +6,14 @@ device_type="cuda", cast_inputs=torch.float32)`` on a custom Function, and so do
 patches. Without a GPU those are silently disabled. ``DeviceAlias`` maps the device type
 ``"cuda"`` to ``"cpu"`` in ``torch.autocast``, ``torch.is_autocast_enabled``,
 ``torch.get_autocast_dtype`` and the input cast of ``custom_fwd``, for the duration of a ``with``
-block, and puts the originals back on exit.
+block, and puts the originals back on exit: when the last alias open in the process exits
+(``nan_hunter.shared_patch``), so that two scans in two threads leave torch as they found it.
+While any alias is open the mapping holds for the whole process, as any patch of torch does.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -18,55 +21,67 @@ from typing import Any
 import torch
 import torch.amp.autocast_mode as autocast_mode
 
+from nan_hunter.shared_patch import SharedPatch
+
+_PATCHES: dict[tuple[str, str], list[SharedPatch]] = {}
+_PATCHES_LOCK = threading.Lock()
+
+
+def _patches(source: str, target: str) -> list[SharedPatch]:
+    """The replacements mapping ``source`` to ``target``, one set per pair for the process:
+    every alias of that pair (nested, or in another thread) shares them (``SharedPatch``)."""
+    with _PATCHES_LOCK:
+        if (source, target) not in _PATCHES:
+            _PATCHES[(source, target)] = _make_patches(source, target)
+        return _PATCHES[(source, target)]
+
+
+def _make_patches(source: str, target: str) -> list[SharedPatch]:
+    def mapped(device_type: Any) -> Any:
+        return target if device_type == source else device_type
+
+    def mapping_args(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda *a, **k: fn(*(mapped(x) for x in a), **k)  # passes the call on
+
+    return [
+        SharedPatch(
+            autocast_mode.autocast,
+            "__init__",
+            lambda init: lambda obj, device_type, *a, **k: init(  # passes the call on
+                obj, mapped(device_type), *a, **k
+            ),
+        ),
+        SharedPatch(torch, "is_autocast_enabled", mapping_args),
+        SharedPatch(torch, "get_autocast_dtype", mapping_args),
+        SharedPatch(
+            autocast_mode,
+            "_cast",
+            lambda fn: lambda value, device_type, dtype: fn(  # passes the call on
+                value, mapped(device_type), dtype
+            ),
+        ),
+    ]
+
 
 class DeviceAlias:
     def __init__(self, source: str = "cuda", target: str = "cpu") -> None:
-        self._source = source
-        self._target = target
-        self._saved: list[tuple[Any, str, Any]] = []
-
-    def _map(self, device_type: Any) -> Any:
-        return self._target if device_type == self._source else device_type
-
-    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = getattr(owner, name)
-        self._saved.append((owner, name, original))
-        setattr(owner, name, make(original))
+        self._patches = _patches(source, target)
+        self._held: list[SharedPatch] = []
 
     def __enter__(self) -> DeviceAlias:
-        mapped = self._map
         try:
-            self._patch(
-                autocast_mode.autocast,
-                "__init__",
-                lambda init: lambda obj, device_type, *a, **k: init(  # passes the call on
-                    obj, mapped(device_type), *a, **k
-                ),
-            )
-            for name in ("is_autocast_enabled", "get_autocast_dtype"):
-                self._patch(
-                    torch,
-                    name,
-                    lambda fn: lambda *a, **k: fn(  # passes the call on
-                        *(mapped(x) for x in a), **k
-                    ),
-                )
-            self._patch(
-                autocast_mode,
-                "_cast",
-                lambda fn: lambda value, device_type, dtype: fn(  # passes the call on
-                    value, mapped(device_type), dtype
-                ),
-            )
+            for patch in self._patches:
+                patch.acquire()
+                self._held.append(patch)
         except BaseException:
-            self._restore()
+            self._release()
             raise
         return self
 
-    def _restore(self) -> None:
-        for owner, name, original in reversed(self._saved):
-            setattr(owner, name, original)
-        self._saved = []
+    def _release(self) -> None:
+        held, self._held = self._held, []
+        for patch in reversed(held):
+            patch.release()
 
     def __exit__(
         self,
@@ -74,4 +89,4 @@ class DeviceAlias:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._restore()
+        self._release()

@@ -10,11 +10,14 @@ optimizer's gradients have been unscaled yet.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from nan_hunter.shared_patch import SharedPatch
 
 FIX = (
     "scaler.unscale_(optimizer)\n"
@@ -50,7 +53,11 @@ def gradients_scaled(scaler: Any, optimizer: Any) -> bool:
 class ClipGuard:
     """Wraps ``torch.nn.utils.clip_grad_norm_``/``clip_grad_value_`` (and their home module
     ``torch.nn.utils.clip_grad``) while installed; ``on_scaled(name)`` is called when one of
-    them is given parameters of ``params`` whose gradients are still scaled."""
+    them is given parameters of ``params`` whose gradients are still scaled.
+
+    Every guard installed in the process shares one wrapper per function
+    (``nan_hunter.shared_patch``), which asks each of them: watchers that overlap in any order
+    or thread leave the functions as they found them when the last one is removed."""
 
     def __init__(
         self,
@@ -61,38 +68,58 @@ class ClipGuard:
         self._ids = {id(p) for p in params}
         self._scaled = scaled
         self._on_scaled = on_scaled
-        self._patched: list[tuple[Any, str, Any, Any]] = []
+        self._held: list[SharedPatch] = []
 
     def install(self) -> None:
-        from torch.nn.utils import clip_grad
-
-        for home in (torch.nn.utils, clip_grad):
-            for name in _FUNCTIONS:
-                original = getattr(home, name, None)
-                if original is None:
-                    continue
-                wrapper = self._wrap(name, original)
-                setattr(home, name, wrapper)
-                self._patched.append((home, name, original, wrapper))
+        with _GUARDS_LOCK:
+            _GUARDS.append(self)
+        for patch in _clip_patches():
+            patch.acquire()
+            self._held.append(patch)
 
     def remove(self) -> None:
-        patched, self._patched = self._patched, []
-        for home, name, original, wrapper in reversed(patched):
-            if getattr(home, name, None) is wrapper:  # not replaced again since
-                setattr(home, name, original)
+        held, self._held = self._held, []
+        for patch in reversed(held):
+            patch.release()
+        with _GUARDS_LOCK:
+            if self in _GUARDS:
+                _GUARDS.remove(self)
 
-    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(parameters, torch.Tensor):
-                parameters = [parameters]
-            parameters = list(parameters) if isinstance(parameters, Iterable) else parameters
-            if (
-                isinstance(parameters, list)
-                and any(id(p) in self._ids and p.grad is not None for p in parameters)
-                and self._scaled()
-            ):
-                self._on_scaled(name)
-            return original(parameters, *args, **kwargs)
+    def check(self, name: str, parameters: list[Any]) -> None:
+        if any(id(p) in self._ids and p.grad is not None for p in parameters) and self._scaled():
+            self._on_scaled(name)
 
-        return clip
+
+_GUARDS: list[ClipGuard] = []
+_GUARDS_LOCK = threading.Lock()
+_CLIP_PATCHES: list[SharedPatch] = []
+
+
+def _clip_patches() -> list[SharedPatch]:
+    with _GUARDS_LOCK:
+        if not _CLIP_PATCHES:
+            from torch.nn.utils import clip_grad
+
+            _CLIP_PATCHES.extend(
+                SharedPatch(home, name, functools.partial(_wrap, name))
+                for home in (torch.nn.utils, clip_grad)
+                for name in _FUNCTIONS
+                if getattr(home, name, None) is not None
+            )
+        return list(_CLIP_PATCHES)
+
+
+def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        parameters = list(parameters) if isinstance(parameters, Iterable) else parameters
+        if isinstance(parameters, list):
+            with _GUARDS_LOCK:
+                guards = list(_GUARDS)
+            for guard in guards:
+                guard.check(name, parameters)
+        return original(parameters, *args, **kwargs)
+
+    return clip
