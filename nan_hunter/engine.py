@@ -40,7 +40,16 @@ def scan_target(target: Target, settings: Settings) -> Report:
     # The random state is the caller's: a scan draws dropout masks, and leaves it as it was.
     # Autograd's anomaly detection (often on while a user hunts a NaN) would raise on the very
     # NaN gradients the scan analyses: off during the passes, the user's setting restored after.
-    with fewer_collections(), _random_state_kept(), torch.autograd.set_detect_anomaly(False):
+    # Gradients are on for the passes, whatever the caller's mode (a scan called inside
+    # torch.no_grad() or torch.inference_mode(), a model file that turns them off at import):
+    # the backward is half of what a scan checks.
+    with (
+        fewer_collections(),
+        _random_state_kept(),
+        torch.autograd.set_detect_anomaly(False),
+        torch.inference_mode(False),
+        torch.enable_grad(),
+    ):
         return _scan_target(target, settings)
 
 
@@ -96,6 +105,10 @@ def _scan_target(target: Target, settings: Settings) -> Report:
                 low, log = backward.run(scale, "unscaled backward: overflows at every scale")
     if low.backward_ran:
         info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
+    if low.backward_skipped:
+        info = dataclasses.replace(
+            info, unchecked=(f"the backward was not analysed: {low.backward_skipped}",)
+        )
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
         announce("FP32 reference pass")
@@ -126,7 +139,9 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
-    warnings = _detected("pass", ScanEvidence(settings, fmt, batch, low, log, window, scale))
+    site = _detected("pass", ScanEvidence(settings, fmt, batch, low, log, window, scale))
+    errors += [f for f in site if f.is_error]
+    warnings = [f for f in site if not f.is_error]
     findings = sorted(errors, key=_order) + warnings[: settings.max_warnings]
     return Report(
         target=info,

@@ -31,6 +31,7 @@ class Kind(str, enum.Enum):
     BANNED_OP = "banned_op"
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     OUT_OF_RANGE = "out_of_range"
+    NOT_CHECKED = "not_checked"
 
 
 class Phase(str, enum.Enum):
@@ -166,6 +167,9 @@ class ScanTarget:
     """How the model was taken: wrappers removed (torch.compile, DataParallel)."""
     loss_scaling: LossScaling | None = None
     """The loss scale the backward modelled (None: no backward ran)."""
+    unchecked: tuple[str, ...] = ()
+    """What this scan did not check, and why (the backward, when it could not run): a report
+    without findings is only "clean" for what it checked."""
 
 
 @dataclass(frozen=True)

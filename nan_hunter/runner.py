@@ -46,6 +46,9 @@ class PassResult:
     gradients_finite: bool | None = None
     """For a backward run without per-node events (``grad_events`` empty): whether every
     gradient stayed finite (each parameter's, and each one the gradient log saw rounded)."""
+    backward_skipped: str = ""
+    """Why no backward ran (empty when one did): no backward asked for, no parameter that
+    requires a gradient, a loss that does not require one, no parameter the loss reaches."""
     estimated_zeros: bool = False
     """Whether the zero counts of some large FP16 results are estimates (a ``PassRunner`` with
     ``exact_zeros=False``, until ``recount``)."""
@@ -525,6 +528,7 @@ class _TracedForward:
         param_grads: dict[str, GradRecord] = {}
         backward_ran = False
         finite: bool | None = None
+        skipped = _why_no_backward(self._backward, params, loss, self._model)
         tracer.begin_backward()
         if self._backward and params and loss.requires_grad:
             if not self._trimmed and loss.device.type == "cpu":
@@ -539,6 +543,8 @@ class _TracedForward:
                     scaled, params, allow_unused=True, retain_graph=retain
                 )
             backward_ran = True
+            if all(g is None for g in grads):
+                skipped = "no parameter gets a gradient from the loss"
             if gradients is not None:
                 gradients.flush()
                 param_grads = _param_grads(self._model, params, grads, gradients)
@@ -551,6 +557,7 @@ class _TracedForward:
             first_origin_call=tracer.first_origin_call,
             loss=self._loss_stats,
             backward_ran=backward_ran,
+            backward_skipped=skipped,
             escaped=frozenset(tracer.escaped),
             param_grads=param_grads,
             gradients_finite=finite,
@@ -711,3 +718,25 @@ def _last_user_frame(exc: BaseException) -> str | None:
         if frame_origin(summary.filename) == "user" and not _in_stdlib(summary.filename):
             found = f"{summary.filename}:{summary.lineno}"
     return found
+
+
+NO_PARAMETERS = "the model has no parameters: there is nothing to train"
+"""Why no backward ran for a model without parameters (a note, not a finding: NH002)."""
+
+
+def _why_no_backward(
+    asked: bool, params: list[torch.Tensor], loss: torch.Tensor, model: torch.nn.Module
+) -> str:
+    """Why a backward from ``loss`` cannot analyse anything, or ``""`` when it can run."""
+    if not asked:
+        return "no backward was asked for (--no-backward)"
+    if not params:
+        if next(model.parameters(), None) is None:
+            return NO_PARAMETERS
+        return "no parameter of the model requires a gradient"
+    if not loss.requires_grad:
+        return (
+            "the loss does not require a gradient: it is detached from every parameter "
+            "(a .detach(), .item() or torch.no_grad() inside the model or loss_fn)"
+        )
+    return ""

@@ -238,4 +238,7 @@ def test_class_without_source_file_scans() -> None:
     assert isinstance(model_cls, type)
     report = nan_hunter.scan(model_cls(), torch.ones(2, 3))
     assert report.status == "clean"
+    assert report.target.unchecked == (
+        "the backward was not analysed: the model has no parameters: there is nothing to train",
+    )
     assert report.target.file in ("<model>", "<string>")

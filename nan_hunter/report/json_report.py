@@ -97,7 +97,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             "dtype": t.dtype,
             "device": t.device,
             "policy": t.policy,
-            "notes": list(t.notes),
+            "notes": [*t.notes, *t.unchecked],
             "loss_scaling": None
             if t.loss_scaling is None
             else {
@@ -117,6 +117,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             "warnings": report.warnings,
             "propagated": report.propagated,
             "seconds": round(report.seconds, 4),
+            "not_checked": list(t.unchecked),
         }
         | ({"suppressed": len(report.suppressed)} if report.suppressed else {}),
     }

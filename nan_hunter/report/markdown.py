@@ -27,6 +27,8 @@ def render_markdown(report: Report) -> str:
         f"policy {prose(t.policy)}"
         f"{', ' + prose(t.loss_scaling.render()) if t.loss_scaling else ''}): {report.status}"
     ]
+    if t.unchecked:
+        blocks.append("\n".join(f"**Not checked:** {prose(note)}" for note in t.unchecked))
     errors = [f for f in report.active if f.severity is Severity.ERROR]
     others = [f for f in report.active if f.severity is not Severity.ERROR]
     blocks.extend(_error(f) for f in errors)

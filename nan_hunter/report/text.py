@@ -55,6 +55,8 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
     )
     for note in t.notes:
         _hanging(console, "  [dim]note[/] ", _safe(note))
+    for note in t.unchecked:
+        _hanging(console, "  [bold yellow]not checked[/] ", _safe(note))
     errors = [f for f in report.active if f.severity is Severity.ERROR]
     warnings = [f for f in report.active if f.severity is not Severity.ERROR]
     for finding in errors:

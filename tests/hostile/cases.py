@@ -308,6 +308,22 @@ def _error_line_capped(folder: Path, result: Any) -> None:
     assert len(line) < 2300, len(line)
 
 
+# --- what a scan did not check ----------------------------------------------------------------
+
+DETACHED_LOSS = model(extra="\n\ndef loss_fn(output, batch):\n    return output.detach().sum()\n")
+
+
+def _json_says(*, not_checked: str | None, backward: bool) -> Check:
+    def check(folder: Path, result: Any) -> None:
+        report = json.loads(result.stdout)
+        notes = report["summary"]["not_checked"]
+        assert (notes == []) if not_checked is None else (not_checked in " ".join(notes)), notes
+        assert notes == [n for n in report["target"]["notes"] if n in notes]
+        assert (report["target"]["loss_scaling"] is not None) is backward
+
+    return check
+
+
 CASES: list[Case] = [
     # --- text from the model in CI outputs and terminals -------------------------------------
     Case("github-summary-of-a-file-name-with-a-newline",
@@ -341,6 +357,24 @@ CASES: list[Case] = [
     Case("error-line-of-a-megabyte-message-is-capped-child", SCAN, 2, r"\.\.\. \(\d{6,} more\)",
          files={"model.py": model(forward="raise RuntimeError('x' * 1_000_000)")},
          check=_error_line_capped, child=True),
+    # --- what a scan did not check: never "clean" over an unanalysed backward ---------------
+    Case("backward-runs-when-the-model-file-turns-gradients-off", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="torch.set_grad_enabled(False)\n")}, child=True,
+         check=_json_says(not_checked=None, backward=True)),
+    Case("loss-detached-from-every-parameter-is-not-clean", (*SCAN, "--format", "json"), 1,
+         files={"model.py": DETACHED_LOSS},
+         check=_json_says(not_checked="detached from every parameter", backward=False)),
+    Case("no-trainable-parameter-is-not-clean", (*SCAN, "--format", "json"), 1,
+         files={"model.py": model(build="pass").replace(
+             "    return Net()", "    return Net().requires_grad_(False)")},
+         check=_json_says(not_checked="no parameter of the model requires a gradient",
+                          backward=False)),
+    Case("no-backward-says-what-was-not-checked", (*SCAN, "--no-backward", "--format", "json"), 0,
+         files={"model.py": CLEAN},
+         check=_json_says(not_checked="no backward was asked for", backward=False)),
+    Case("no-backward-text-header-says-so", (*SCAN, "--no-backward"), 0,
+         files={"model.py": CLEAN},
+         check=_stdout_has("not checked  the backward was not analysed")),
     # --- writes: --fix, backups, -o and --patch never lose or clobber a file ----------------
     Case("fix-backup-then-fix", (*SCAN, "--fix"), 0, files={"model.py": MATRIX},
          written=frozenset({"model.py", "model.py.orig"}), check=_backup_is("model.py.orig")),
