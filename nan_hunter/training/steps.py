@@ -11,7 +11,7 @@ import torch
 
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.config import Settings
-from nan_hunter.errors import ConfigError, NanHunterError, UserCodeError, first_line
+from nan_hunter.errors import NOT_THE_MODELS, ConfigError, UserCodeError, first_line
 from nan_hunter.findings import Report
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
@@ -99,9 +99,9 @@ def run_steps(
         try:  # anomaly detection would raise on the NaN gradients the step check is for
             with torch.autograd.set_detect_anomaly(False):
                 (scaler.scale(loss) if scaler is not None else loss).backward()
-        except NanHunterError:
+        except NOT_THE_MODELS:
             raise
-        except Exception as exc:
+        except BaseException as exc:
             raise UserCodeError(
                 f"{type(exc).__name__} in the backward of training step {index}: "
                 f"{first_line(exc)}"
@@ -161,9 +161,9 @@ def _train_forward(
         with precision:
             output = model(*batch.args, **batch.kwargs)
             loss = loss_fn(output, batch.raw) if loss_fn is not None else default_loss(output)
-    except NanHunterError:
+    except NOT_THE_MODELS:
         raise
-    except Exception as exc:
+    except BaseException as exc:
         raise UserCodeError(
             f"{type(exc).__name__} in training step {index}: {first_line(exc)}"
         ) from exc
