@@ -24,6 +24,7 @@ from nan_hunter.training.verdict import step_verdict
 
 DEFAULT_LR = 1e-3
 """Adam's learning rate in ``run_steps`` when neither the call nor the settings give one."""
+NO_GRADIENT = "--steps trains the model, but it has no trainable parameter that gets a gradient"
 
 
 def _batch_copy(batch: Batch, device: str, dtype: torch.dtype | None = None) -> Batch:
@@ -83,7 +84,7 @@ def run_steps(
         model.to(dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ConfigError("--steps trains the model, but it has no parameter that requires grad")
+        raise ConfigError(f"{NO_GRADIENT} (no parameter requires grad)")
     optimizer = torch.optim.Adam(params, lr=lr)
     scaler = torch.amp.GradScaler(device, init_scale=settings.loss_scale()) if (
         settings.grad_scale is not None
@@ -106,6 +107,11 @@ def run_steps(
                 f"{type(exc).__name__} in the backward of training step {index}: "
                 f"{first_line(exc)}"
             ) from exc
+        if all(p.grad is None for p in params):  # GradScaler.step would assert on no gradient
+            raise ConfigError(
+                f"{NO_GRADIENT} (the loss of training step {index} reaches none of the "
+                f"{len(params)} that require grad)"
+            )
         scale_problem = None
         used = None
         grads_ok = True

@@ -308,6 +308,20 @@ def _error_line_capped(folder: Path, result: Any) -> None:
     assert len(line) < 2300, len(line)
 
 
+# --- never green on nothing: helpers ---------------------------------------------------------
+
+NO_GRADIENT_REACHED = model(forward="return (x * 2).sum()",
+                            batch="torch.randn(2, 4, requires_grad=True)")
+"""The loss never reaches the parameters: none gets a gradient."""
+FROZEN = model(build="net = Net()\nnet.requires_grad_(False)\nreturn net")
+WITHOUT_PARAMETERS = (
+    "import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+    "    def forward(self, x):\n        return (x * 2).sum()\n\n\n"
+    "def build_model():\n    return Net()\n\n\n"
+    "def sample_batch():\n    return torch.randn(2, 4, requires_grad=True)\n"
+)
+
+
 CASES: list[Case] = [
     # --- text from the model in CI outputs and terminals -------------------------------------
     Case("github-summary-of-a-file-name-with-a-newline",
@@ -642,4 +656,16 @@ CASES: list[Case] = [
          r"error: CancelledError in training step 0: stop",
          files={"model.py": model(top="import asyncio",
                                   forward="raise asyncio.CancelledError('stop')")}),
+    Case("steps-when-no-parameter-gets-a-gradient", (*SCAN, "--steps", "3"), 2,
+         r"no trainable parameter that gets a gradient \(the loss of training step 0 reaches",
+         files={"model.py": NO_GRADIENT_REACHED}),
+    Case("steps-when-no-parameter-gets-a-gradient-unscaled",
+         (*SCAN, "--steps", "3", "--grad-scale", "none"), 2,
+         r"no trainable parameter that gets a gradient", files={"model.py": NO_GRADIENT_REACHED}),
+    Case("steps-with-every-parameter-frozen", (*SCAN, "--steps", "3"), 2,
+         r"no trainable parameter that gets a gradient \(no parameter requires grad\)$",
+         files={"model.py": FROZEN}),
+    Case("steps-on-a-model-without-parameters", (*SCAN, "--steps", "3"), 2,
+         r"no trainable parameter that gets a gradient \(no parameter requires grad\)$",
+         files={"model.py": WITHOUT_PARAMETERS}),
 ]
