@@ -285,4 +285,26 @@ def load_settings(
         _merge(values, sources, _read_yaml(config_file), str(config_file), str(config_file))
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}
     _merge(values, sources, cli, "command line", "cli")
-    return Settings(**values, sources=sources)
+    settings = Settings(**values, sources=sources)
+    _check_selection(settings)
+    return settings
+
+
+def _check_selection(settings: Settings) -> None:
+    """A selection that leaves no rule (``select = []``, ``ignore = ["NH"]``, ``--select NH1
+    --ignore NH1``) would report every model clean: refused, naming where it came from."""
+    if any(settings.rule_enabled(code) for code in known_codes()):
+        return
+    keys = ["select", *(["ignore"] if settings.ignore else [])]
+    origins = [_origin(settings.sources.get(key, "default")) for key in keys]
+    named = [o for o in origins if o != str(DEFAULT_CONFIG)] or origins
+    given = " with ".join(f"'{key}' [{', '.join(getattr(settings, key))}]" for key in keys)
+    raise ConfigError(
+        f"{' and '.join(dict.fromkeys(named))}: {given} leaves no rule to run (codes and "
+        "prefixes of `nan-hunter rules`, e.g. NH or NH1)"
+    )
+
+
+def _origin(label: str) -> str:
+    """A setting's source (``Settings.sources``) as a message names it."""
+    return {"default": str(DEFAULT_CONFIG), "cli": "command line"}.get(label, label)

@@ -266,9 +266,29 @@ def test_rule_enabled_with_several_prefixes() -> None:
 
 
 def test_empty_select_enables_nothing() -> None:
-    settings = load_settings(overrides={"select": []})
-    assert settings.select == ()
+    settings = Settings(select=())
     assert not settings.rule_enabled("NH001")
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("select: []\n", {}, r"nh\.yaml: 'select' \[\] leaves no rule to run"),
+        ("ignore: [NH]\n", {}, r"nh\.yaml: 'select' \[NH\] with 'ignore' \[NH\] leaves no"),
+        ("", {"select": ["NH1"], "ignore": ["NH1"]}, r"^command line: 'select' \[NH1\] with"),
+        ("select: [NH5]\n", {"ignore": ["NH"]}, r"nh\.yaml and command line: 'select' \[NH5\]"),
+    ],
+)
+def test_a_selection_that_leaves_no_rule_is_refused(
+    tmp_path: Path, text: str, overrides: dict[str, list[str]], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(_config(tmp_path, text), overrides)
+
+
+def test_a_selection_that_leaves_some_rule_is_kept(tmp_path: Path) -> None:
+    settings = load_settings(_config(tmp_path, "ignore: [NH1, NH2]\n"), {"select": ["NH1", "NH5"]})
+    assert settings.rule_enabled("NH501") and not settings.rule_enabled("NH101")
 
 
 def test_resolved_device_explicit() -> None:

@@ -310,6 +310,7 @@ def _error_line_capped(folder: Path, result: Any) -> None:
 
 # --- never green on nothing: helpers ---------------------------------------------------------
 
+TOOL = "[tool.nan-hunter]\n"
 NO_GRADIENT_REACHED = model(forward="return (x * 2).sum()",
                             batch="torch.randn(2, 4, requires_grad=True)")
 """The loss never reaches the parameters: none gets a gradient."""
@@ -637,6 +638,18 @@ CASES: list[Case] = [
          files={"model.py": model(forward="import helper_d\nx = x * helper_d.SCALE"),
                 "helper_d.py": HELPER}),
     # --- never green on nothing: a scan that checks nothing is an error, not a clean pass ----
+    Case("empty-select-in-pyproject-leaves-no-rule", SCAN, 2,
+         r"pyproject\.toml \[tool\.nan-hunter\]: 'select' \[\] leaves no rule to run",
+         files={"model.py": MATRIX, "pyproject.toml": TOOL + "select = []\n"}),
+    Case("empty-select-in-config-leaves-no-rule", (*SCAN, "--config", "c.yaml"), 2,
+         r"c\.yaml: 'select' \[\] leaves no rule to run",
+         files={"model.py": MATRIX, "c.yaml": "select: []\n"}),
+    Case("ignore-everything-in-project-yaml-leaves-no-rule", SCAN, 2,
+         r"nan-hunter\.yaml: 'select' \[NH\] with 'ignore' \[NH\] leaves no rule to run",
+         files={"model.py": MATRIX, "nan-hunter.yaml": "ignore: [NH]\n"}),
+    Case("select-and-ignore-one-prefix-leaves-no-rule", (*SCAN, "--select", "NH1", "--ignore",
+         "NH1"), 2, r"error: command line: 'select' \[NH1\] with 'ignore' \[NH1\] leaves no rule",
+         files={"model.py": MATRIX}),
     Case("model-raises-cancelled-error-in-forward", SCAN, 2,
          r"error: the model raised CancelledError during forward: stop",
          files={"model.py": model(top="import asyncio",
