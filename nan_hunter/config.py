@@ -209,7 +209,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"{raw[exc.start:exc.start + 1]!r})"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {path}: {exc}; keep one") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {_one_line(exc)}") from None
     except RecursionError:
@@ -220,6 +222,29 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings")
     return data
+
+
+class _DuplicateKey(Exception):
+    """A mapping of a YAML file gives one key twice (``yaml.safe_load`` keeps the last)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: a second
+    ``fail_on:`` further down must not silently override the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue  # a merge key (<<) may repeat what it merges; lists are not keys
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(
+                    f"key {_short(key)} is given twice (lines {seen[key]} and {line})"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _one_line(exc: Exception) -> str:

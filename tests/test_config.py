@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from nan_hunter.config import DEFAULT_CONFIG, Settings, load_settings
+from nan_hunter.config import DEFAULT_CONFIG, Settings, load_settings, read_config_file
 from nan_hunter.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,6 +289,17 @@ def test_a_selection_that_leaves_no_rule_is_refused(
 def test_a_selection_that_leaves_some_rule_is_kept(tmp_path: Path) -> None:
     settings = load_settings(_config(tmp_path, "ignore: [NH1, NH2]\n"), {"select": ["NH1", "NH5"]})
     assert settings.rule_enabled("NH501") and not settings.rule_enabled("NH101")
+
+
+def test_a_key_given_twice_in_yaml_is_refused(tmp_path: Path) -> None:
+    path = _config(tmp_path, "fail_on: warning\ndtype: float16\nfail_on: error\n")
+    with pytest.raises(ConfigError, match=r"nh\.yaml: key 'fail_on' is given twice \(lines 1 and"):
+        load_settings(path)
+
+
+def test_a_yaml_merge_key_may_repeat_what_it_merges(tmp_path: Path) -> None:
+    path = _config(tmp_path, "base: &b {fail_on: error}\n<<: *b\nfail_on: warning\n")
+    assert read_config_file(path) == {"base": {"fail_on": "error"}, "fail_on": "warning"}
 
 
 def test_resolved_device_explicit() -> None:
