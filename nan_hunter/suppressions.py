@@ -59,6 +59,9 @@ def _directives(path: str, mtime_ns: int) -> dict[int, Directive]:
         source = Path(path).read_bytes()
     except OSError:
         return {}
+    # Python reads \r\n and a lone \r as line ends, tokenize only \n: a file with old Mac
+    # line ends would be one line to it, and its directives on no line the report names.
+    source = source.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     found: dict[int, Directive] = {}
     try:
         for token in tokenize.tokenize(io.BytesIO(source).readline):

@@ -311,6 +311,12 @@ def _error_line_capped(folder: Path, result: Any) -> None:
 # --- never green on nothing: helpers ---------------------------------------------------------
 
 TOOL = "[tool.nan-hunter]\n"
+SUPPRESSED_MATRIX = MATRIX.replace(
+    "codes = torch.matmul(dtd_inv, z)",
+    "codes = torch.matmul(dtd_inv, z)  # nan-hunter: ignore[NH101] -- inputs are bounded",
+)
+CR_ONLY = SUPPRESSED_MATRIX.replace("\n", "\r").encode()
+"""Old Mac line ends: Python reads a lone \\r as a line end."""
 NO_GRADIENT_REACHED = model(forward="return (x * 2).sum()",
                             batch="torch.randn(2, 4, requires_grad=True)")
 """The loss never reaches the parameters: none gets a gradient."""
@@ -321,6 +327,10 @@ WITHOUT_PARAMETERS = (
     "def build_model():\n    return Net()\n\n\n"
     "def sample_batch():\n    return torch.randn(2, 4, requires_grad=True)\n"
 )
+
+
+def _suppressed(folder: Path, result: Any) -> None:
+    assert "1 suppressed" in result.stdout, result.stdout
 
 
 CASES: list[Case] = [
@@ -678,6 +688,8 @@ CASES: list[Case] = [
     Case("patch-over-discovered-yaml", (*SCAN, "--patch", ".nan-hunter.yaml"), 2,
          r"refusing to write the patch to .*\.nan-hunter\.yaml: it is a settings file the scan",
          files={"model.py": MATRIX, ".nan-hunter.yaml": "fail_on: error\n"}),
+    Case("suppression-in-a-cr-only-file", SCAN, 0, files={"model.py": CR_ONLY},
+         check=_suppressed),
     Case("model-raises-cancelled-error-in-forward", SCAN, 2,
          r"error: the model raised CancelledError during forward: stop",
          files={"model.py": model(top="import asyncio",
