@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from nan_hunter.config import known_codes
 from nan_hunter.findings import Finding, Report, Suppression
 from nan_hunter.location import SourceLocation
 
@@ -40,6 +41,16 @@ class Directive:
 
     def covers(self, code: str) -> bool:
         return any(code.startswith(prefix) for prefix in self.codes)
+
+    def unknown_codes(self) -> tuple[str, ...]:
+        """The codes that are no rule code nor a prefix of one (``NH1O1``, a letter O)."""
+        known = _known_codes()
+        return tuple(c for c in self.codes if not any(k.startswith(c) for k in known))
+
+
+@lru_cache(maxsize=1)
+def _known_codes() -> frozenset[str]:
+    return known_codes()
 
 
 def parse_comment(comment: str, line: int) -> Directive | None:
@@ -85,7 +96,8 @@ def directives_in(path: str) -> dict[int, Directive]:
 
 def apply_suppressions(report: Report) -> Report:
     """``report`` with each finding whose line carries a matching directive marked suppressed;
-    a matching directive without a reason is named in a note on the target instead."""
+    a matching directive without a reason is named in a note on the target instead, and so is
+    a directive on its line that names an unknown code."""
     findings: list[Finding] = []
     notes: list[str] = []
     for f in report.findings:
@@ -94,7 +106,16 @@ def apply_suppressions(report: Report) -> Report:
             findings.append(f)
             continue
         directive, where = found
-        if directive.reason:
+        if directive.unknown_codes():
+            unknown = ", ".join(repr(c) for c in directive.unknown_codes())
+            outcome = "" if directive.covers(f.code) else f", so {f.code} is not suppressed"
+            notes.append(
+                f"{where.render()}: ignore[{', '.join(directive.codes)}] names an unknown rule "
+                f"code {unknown}{outcome} (codes and prefixes of `nan-hunter rules`)"
+            )
+        if not directive.covers(f.code):
+            findings.append(f)
+        elif directive.reason:
             suppression = Suppression(directive.reason, where.file, directive.line)
             findings.append(dataclasses.replace(f, suppression=suppression))
         else:
@@ -111,14 +132,18 @@ def apply_suppressions(report: Report) -> Report:
 
 def _directive_for(f: Finding) -> tuple[Directive, SourceLocation] | None:
     """The directive on the finding's line, or on its call site's (the line in the user's
-    project that called into the installed library where the op ran), and where it is."""
+    project that called into the installed library where the op ran), and where it is: one
+    that covers the finding first, else one that names an unknown code (for its note)."""
+    named = None
     for where in (f.location, f.call_site):
         if where is None or where.file.startswith("<"):
             continue
         directive = directives_in(where.file).get(where.line)
         if directive is not None and directive.covers(f.code):
             return directive, where
-    return None
+        if directive is not None and named is None and directive.unknown_codes():
+            named = directive, where
+    return named
 
 
 def _unique(notes: Iterable[str]) -> tuple[str, ...]:

@@ -317,6 +317,8 @@ SUPPRESSED_MATRIX = MATRIX.replace(
 )
 CR_ONLY = SUPPRESSED_MATRIX.replace("\n", "\r").encode()
 """Old Mac line ends: Python reads a lone \\r as a line end."""
+MISSPELLED_CODE = SUPPRESSED_MATRIX.replace("ignore[NH101]", "ignore[NH1O1]")
+"""``NH1O1``: a letter O for the zero."""
 NO_GRADIENT_REACHED = model(forward="return (x * 2).sum()",
                             batch="torch.randn(2, 4, requires_grad=True)")
 """The loss never reaches the parameters: none gets a gradient."""
@@ -331,6 +333,12 @@ WITHOUT_PARAMETERS = (
 
 def _suppressed(folder: Path, result: Any) -> None:
     assert "1 suppressed" in result.stdout, result.stdout
+
+
+def _unknown_code_noted(folder: Path, result: Any) -> None:
+    assert "ignore[NH1O1] names an unknown rule code 'NH1O1', so NH101 is not suppressed" in (
+        " ".join(result.stdout.split())
+    ), result.stdout
 
 
 CASES: list[Case] = [
@@ -690,6 +698,8 @@ CASES: list[Case] = [
          files={"model.py": MATRIX, ".nan-hunter.yaml": "fail_on: error\n"}),
     Case("suppression-in-a-cr-only-file", SCAN, 0, files={"model.py": CR_ONLY},
          check=_suppressed),
+    Case("suppression-naming-an-unknown-code-says-so", SCAN, 1,
+         files={"model.py": MISSPELLED_CODE}, check=_unknown_code_noted),
     Case("model-raises-cancelled-error-in-forward", SCAN, 2,
          r"error: the model raised CancelledError during forward: stop",
          files={"model.py": model(top="import asyncio",
