@@ -23,6 +23,7 @@ from pathlib import Path
 from nan_hunter.config import known_codes
 from nan_hunter.findings import Finding, Report, Suppression
 from nan_hunter.location import SourceLocation
+from nan_hunter.project import is_installed
 
 SYNTAX = "# nan-hunter: ignore[CODE] -- reason"
 _DIRECTIVE = re.compile(
@@ -133,10 +134,11 @@ def apply_suppressions(report: Report) -> Report:
 def _directive_for(f: Finding) -> tuple[Directive, SourceLocation] | None:
     """The directive on the finding's line, or on its call site's (the line in the user's
     project that called into the installed library where the op ran), and where it is: one
-    that covers the finding first, else one that names an unknown code (for its note)."""
+    that covers the finding first, else one that names an unknown code (for its note). Only
+    the user's own files count: an installed library's comment judges no finding of theirs."""
     named = None
     for where in (f.location, f.call_site):
-        if where is None or where.file.startswith("<"):
+        if where is None or where.file.startswith("<") or is_installed(where.file):
             continue
         directive = directives_in(where.file).get(where.line)
         if directive is not None and directive.covers(f.code):

@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import stat
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Mapping
@@ -329,6 +330,29 @@ WITHOUT_PARAMETERS = (
     "def build_model():\n    return Net()\n\n\n"
     "def sample_batch():\n    return torch.randn(2, 4, requires_grad=True)\n"
 )
+LIBRARY = "nh_hostile_gramlib"
+LIBRARY_SOURCE = (
+    "import torch\n\n\ndef gram(x):\n"
+    "    return x @ x.transpose(-2, -1)  # nan-hunter: ignore[NH] -- the library's own judgement\n"
+)
+LIBRARY_USER = (
+    f"import torch\nfrom torch import nn\n\nimport {LIBRARY}\n\n\n"
+    "class Style(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.proj = nn.Linear(16, 16)\n\n"
+    "    def forward(self, x):\n        h = self.proj(x) * 300.0\n"
+    f"        g = {LIBRARY}.gram(h)\n"
+    "        return g.mean(-1) / (g.abs().amax() + 1.0)\n\n\n"
+    "def build_model():\n    torch.manual_seed(0)\n    return Style()\n\n\n"
+    "def sample_batch():\n    torch.manual_seed(0)\n    return torch.randn(2, 8, 16)\n"
+)
+"""attack20's model: its culprit op runs in an installed library, called from the user's file."""
+
+
+def _installed_library(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``venv/site-packages`` on the path; the library imported fresh and forgotten after."""
+    monkeypatch.syspath_prepend(str(folder / "venv" / "site-packages"))
+    monkeypatch.setitem(sys.modules, LIBRARY, None)  # undone last: the name is gone after
+    monkeypatch.delitem(sys.modules, LIBRARY)
 
 
 def _suppressed(folder: Path, result: Any) -> None:
@@ -339,6 +363,10 @@ def _unknown_code_noted(folder: Path, result: Any) -> None:
     assert "ignore[NH1O1] names an unknown rule code 'NH1O1', so NH101 is not suppressed" in (
         " ".join(result.stdout.split())
     ), result.stdout
+
+
+def _library_finding_active(folder: Path, result: Any) -> None:
+    assert "error[NH102]" in result.stdout and "suppressed" not in result.stdout, result.stdout
 
 
 CASES: list[Case] = [
@@ -700,6 +728,9 @@ CASES: list[Case] = [
          check=_suppressed),
     Case("suppression-naming-an-unknown-code-says-so", SCAN, 1,
          files={"model.py": MISSPELLED_CODE}, check=_unknown_code_noted),
+    Case("installed-library-comment-suppresses-nothing", SCAN, 1,
+         files={"model.py": LIBRARY_USER, f"venv/site-packages/{LIBRARY}/__init__.py":
+                LIBRARY_SOURCE}, setup=_installed_library, check=_library_finding_active),
     Case("model-raises-cancelled-error-in-forward", SCAN, 2,
          r"error: the model raised CancelledError during forward: stop",
          files={"model.py": model(top="import asyncio",
