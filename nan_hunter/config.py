@@ -209,7 +209,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"{raw[exc.start:exc.start + 1]!r})"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {path}: {exc}; keep one") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {_one_line(exc)}") from None
     except RecursionError:
@@ -220,6 +222,29 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings")
     return data
+
+
+class _DuplicateKey(Exception):
+    """A mapping of a YAML file gives one key twice (``yaml.safe_load`` keeps the last)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: a second
+    ``fail_on:`` further down must not silently override the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue  # a merge key (<<) may repeat what it merges; lists are not keys
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(
+                    f"key {_short(key)} is given twice (lines {seen[key]} and {line})"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _one_line(exc: Exception) -> str:
@@ -285,4 +310,26 @@ def load_settings(
         _merge(values, sources, _read_yaml(config_file), str(config_file), str(config_file))
     cli = {k: v for k, v in (overrides or {}).items() if v is not None}
     _merge(values, sources, cli, "command line", "cli")
-    return Settings(**values, sources=sources)
+    settings = Settings(**values, sources=sources)
+    _check_selection(settings)
+    return settings
+
+
+def _check_selection(settings: Settings) -> None:
+    """A selection that leaves no rule (``select = []``, ``ignore = ["NH"]``, ``--select NH1
+    --ignore NH1``) would report every model clean: refused, naming where it came from."""
+    if any(settings.rule_enabled(code) for code in known_codes()):
+        return
+    keys = ["select", *(["ignore"] if settings.ignore else [])]
+    origins = [_origin(settings.sources.get(key, "default")) for key in keys]
+    named = [o for o in origins if o != str(DEFAULT_CONFIG)] or origins
+    given = " with ".join(f"'{key}' [{', '.join(getattr(settings, key))}]" for key in keys)
+    raise ConfigError(
+        f"{' and '.join(dict.fromkeys(named))}: {given} leaves no rule to run (codes and "
+        "prefixes of `nan-hunter rules`, e.g. NH or NH1)"
+    )
+
+
+def _origin(label: str) -> str:
+    """A setting's source (``Settings.sources``) as a message names it."""
+    return {"default": str(DEFAULT_CONFIG), "cli": "command line"}.get(label, label)

@@ -97,7 +97,17 @@ def _read_pyproject(path: Path) -> Mapping[str, Any] | None:
     table = tool[TABLE]
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.{TABLE}] must be a table of settings")
-    return {key.replace("-", "_"): value for key, value in table.items()}
+    values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name in values:  # fail-on and fail_on: the last would silently win
+            raise ConfigError(
+                f"{path} [tool.{TABLE}]: {spelled[name]!r} and {key!r} are the same setting; "
+                "keep one"
+            )
+        values[name], spelled[name] = value, key
+    return values
 
 
 def describe(settings: Settings, project: ProjectConfig | None) -> str:

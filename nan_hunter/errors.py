@@ -38,6 +38,13 @@ class UserCodeError(NanHunterError):
         return f"{base} (at {self.user_frame})" if self.user_frame else base
 
 
+NOT_THE_MODELS: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, NanHunterError)
+"""What may come out of the model's code and is not its error to report: the user's Ctrl-C,
+``sys.exit`` (the scan process says the model called it) and our own errors. Any other
+exception, ``BaseException`` subclasses too (``asyncio.CancelledError``, ``GeneratorExit``, the
+model's own), is the model's."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (torch's messages run to many lines)."""
     try:

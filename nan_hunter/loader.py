@@ -28,7 +28,7 @@ import torch
 
 from nan_hunter import activity
 from nan_hunter.batch import Batch, LossFn
-from nan_hunter.errors import LoadError, UserCodeError, first_line
+from nan_hunter.errors import NOT_THE_MODELS, LoadError, UserCodeError, first_line
 from nan_hunter.targets import check_model_file
 from nan_hunter.trace.source import frame_origin
 
@@ -402,7 +402,9 @@ def _run_user(action: Callable[[], Any], what: str, file: str | None = None) -> 
     except SyntaxError as exc:
         where = f"{exc.filename or file or '?'}" + (f":{exc.lineno}" if exc.lineno else "")
         raise LoadError(f"syntax error in {where}: {exc.msg}") from exc
-    except Exception as exc:
+    except NOT_THE_MODELS:
+        raise
+    except BaseException as exc:
         frames = traceback.extract_tb(exc.__traceback__)
         user = next((f for f in reversed(frames) if frame_origin(f.filename) == "user"), None)
         where = f"{user.filename}:{user.lineno}" if user else None

@@ -21,7 +21,7 @@ import torch
 
 from nan_hunter._nest import output_leaves
 from nan_hunter.batch import Batch, LossFn
-from nan_hunter.errors import UserCodeError, first_line
+from nan_hunter.errors import NOT_THE_MODELS, UserCodeError, first_line
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord, UnmeasuredGradient
 from nan_hunter.precision.heap import trim_heap
@@ -629,9 +629,9 @@ def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
     """Re-raise an exception from the user's code with its frame and the modules executed."""
     try:
         yield
-    except (UserCodeError, StaleStatistics, UnmeasuredGradient):
+    except (*NOT_THE_MODELS, StaleStatistics, UnmeasuredGradient):
         raise
-    except Exception as exc:
+    except BaseException as exc:
         if _raised_by_nan_hunter(exc):
             raise  # our own bug: an internal error, not the model's
         frame = _last_user_frame(exc)

@@ -79,7 +79,7 @@ def run_scan(request: ScanRequest) -> None:
         ignore, fail_on, exit_zero, color, no_color, quiet, diff, fix, unsafe_fixes,
         fix_all, rounds, backup, verify, lr, steps, timeout, debug,
     ) = (getattr(request, f.name) for f in dataclasses.fields(request))
-    from nan_hunter.config import load_settings
+    from nan_hunter.config import DEFAULT_CONFIG, load_settings
     from nan_hunter.discovery import discover, search_start
     from nan_hunter.fixes.edits import render_diff, render_patch
     from nan_hunter.fixes.select import select_fixes
@@ -93,6 +93,7 @@ def run_scan(request: ScanRequest) -> None:
     # "-o -" is standard output, as without -o.
     output, patch = _absolute(None if str(output) == "-" else output), _absolute(patch)
     try:
+        project = discover(search_start(paths))
         settings = load_settings(
             config,
             {
@@ -109,14 +110,15 @@ def run_scan(request: ScanRequest) -> None:
                 "verify_fixes": verify,
                 "lr": lr,
             },
-            project=discover(search_start(paths)),
+            project=project,
         )
         if steps is not None and (fix or fix_all):
             raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
         files = expand_paths(paths, model_fn, batch_fn if batch_file is None else None)
         if len(files) > 1 and (diff or patch is not None):
             raise NanHunterError("--diff and --patch take one model file, not several")
-        inputs = _inputs(files, weights, batch_file, config)
+        read = [DEFAULT_CONFIG, *([project.path] if project is not None else [])]
+        inputs = _inputs(files, weights, batch_file, config, read)
         _refuse_overwrite(output, patch, inputs)
     except NanHunterError as exc:
         raise fail(str(exc)) from None
@@ -224,12 +226,18 @@ def _absolute(path: Path | None) -> Path | None:
 
 
 def _inputs(
-    specs: list[str], weights: Path | None, batch_file: Path | None, config: Path | None
+    specs: list[str],
+    weights: Path | None,
+    batch_file: Path | None,
+    config: Path | None,
+    settings_files: Iterable[Path] = (),
 ) -> dict[str, str]:
-    """Real path -> what it is, for every file the scan reads that we know of before it runs."""
+    """Real path -> what it is, for every file the scan reads that we know of before it runs
+    (``settings_files``: the defaults and the discovered project file, the settings it read)."""
     named: list[tuple[str, Path | None]] = [
-        ("the model file", Path(s)) for s in specs if s.endswith(".py") or visible(Path(s))
+        ("a settings file the scan read", p) for p in settings_files
     ]
+    named += [("the model file", Path(s)) for s in specs if s.endswith(".py") or visible(Path(s))]
     named += [
         ("the --weights file", weights),
         ("the --batch-file file", batch_file),

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from nan_hunter.config import known_codes
 from nan_hunter.findings import Finding, Report, Suppression
 from nan_hunter.location import SourceLocation
+from nan_hunter.project import is_installed
 
 SYNTAX = "# nan-hunter: ignore[CODE] -- reason"
 _DIRECTIVE = re.compile(
@@ -41,6 +43,16 @@ class Directive:
     def covers(self, code: str) -> bool:
         return any(code.startswith(prefix) for prefix in self.codes)
 
+    def unknown_codes(self) -> tuple[str, ...]:
+        """The codes that are no rule code nor a prefix of one (``NH1O1``, a letter O)."""
+        known = _known_codes()
+        return tuple(c for c in self.codes if not any(k.startswith(c) for k in known))
+
+
+@lru_cache(maxsize=1)
+def _known_codes() -> frozenset[str]:
+    return known_codes()
+
 
 def parse_comment(comment: str, line: int) -> Directive | None:
     """The directive in one comment (``# ...`` text), or None when it holds none."""
@@ -59,6 +71,9 @@ def _directives(path: str, mtime_ns: int) -> dict[int, Directive]:
         source = Path(path).read_bytes()
     except OSError:
         return {}
+    # Python reads \r\n and a lone \r as line ends, tokenize only \n: a file with old Mac
+    # line ends would be one line to it, and its directives on no line the report names.
+    source = source.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     found: dict[int, Directive] = {}
     try:
         for token in tokenize.tokenize(io.BytesIO(source).readline):
@@ -82,7 +97,8 @@ def directives_in(path: str) -> dict[int, Directive]:
 
 def apply_suppressions(report: Report) -> Report:
     """``report`` with each finding whose line carries a matching directive marked suppressed;
-    a matching directive without a reason is named in a note on the target instead."""
+    a matching directive without a reason is named in a note on the target instead, and so is
+    a directive on its line that names an unknown code."""
     findings: list[Finding] = []
     notes: list[str] = []
     for f in report.findings:
@@ -91,7 +107,16 @@ def apply_suppressions(report: Report) -> Report:
             findings.append(f)
             continue
         directive, where = found
-        if directive.reason:
+        if directive.unknown_codes():
+            unknown = ", ".join(repr(c) for c in directive.unknown_codes())
+            outcome = "" if directive.covers(f.code) else f", so {f.code} is not suppressed"
+            notes.append(
+                f"{where.render()}: ignore[{', '.join(directive.codes)}] names an unknown rule "
+                f"code {unknown}{outcome} (codes and prefixes of `nan-hunter rules`)"
+            )
+        if not directive.covers(f.code):
+            findings.append(f)
+        elif directive.reason:
             suppression = Suppression(directive.reason, where.file, directive.line)
             findings.append(dataclasses.replace(f, suppression=suppression))
         else:
@@ -108,14 +133,19 @@ def apply_suppressions(report: Report) -> Report:
 
 def _directive_for(f: Finding) -> tuple[Directive, SourceLocation] | None:
     """The directive on the finding's line, or on its call site's (the line in the user's
-    project that called into the installed library where the op ran), and where it is."""
+    project that called into the installed library where the op ran), and where it is: one
+    that covers the finding first, else one that names an unknown code (for its note). Only
+    the user's own files count: an installed library's comment judges no finding of theirs."""
+    named = None
     for where in (f.location, f.call_site):
-        if where is None or where.file.startswith("<"):
+        if where is None or where.file.startswith("<") or is_installed(where.file):
             continue
         directive = directives_in(where.file).get(where.line)
         if directive is not None and directive.covers(f.code):
             return directive, where
-    return None
+        if directive is not None and named is None and directive.unknown_codes():
+            named = directive, where
+    return named
 
 
 def _unique(notes: Iterable[str]) -> tuple[str, ...]:

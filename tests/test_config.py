@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from nan_hunter.config import DEFAULT_CONFIG, Settings, load_settings
+from nan_hunter.config import DEFAULT_CONFIG, Settings, load_settings, read_config_file
 from nan_hunter.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,9 +266,40 @@ def test_rule_enabled_with_several_prefixes() -> None:
 
 
 def test_empty_select_enables_nothing() -> None:
-    settings = load_settings(overrides={"select": []})
-    assert settings.select == ()
+    settings = Settings(select=())
     assert not settings.rule_enabled("NH001")
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("select: []\n", {}, r"nh\.yaml: 'select' \[\] leaves no rule to run"),
+        ("ignore: [NH]\n", {}, r"nh\.yaml: 'select' \[NH\] with 'ignore' \[NH\] leaves no"),
+        ("", {"select": ["NH1"], "ignore": ["NH1"]}, r"^command line: 'select' \[NH1\] with"),
+        ("select: [NH5]\n", {"ignore": ["NH"]}, r"nh\.yaml and command line: 'select' \[NH5\]"),
+    ],
+)
+def test_a_selection_that_leaves_no_rule_is_refused(
+    tmp_path: Path, text: str, overrides: dict[str, list[str]], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(_config(tmp_path, text), overrides)
+
+
+def test_a_selection_that_leaves_some_rule_is_kept(tmp_path: Path) -> None:
+    settings = load_settings(_config(tmp_path, "ignore: [NH1, NH2]\n"), {"select": ["NH1", "NH5"]})
+    assert settings.rule_enabled("NH501") and not settings.rule_enabled("NH101")
+
+
+def test_a_key_given_twice_in_yaml_is_refused(tmp_path: Path) -> None:
+    path = _config(tmp_path, "fail_on: warning\ndtype: float16\nfail_on: error\n")
+    with pytest.raises(ConfigError, match=r"nh\.yaml: key 'fail_on' is given twice \(lines 1 and"):
+        load_settings(path)
+
+
+def test_a_yaml_merge_key_may_repeat_what_it_merges(tmp_path: Path) -> None:
+    path = _config(tmp_path, "base: &b {fail_on: error}\n<<: *b\nfail_on: warning\n")
+    assert read_config_file(path) == {"base": {"fail_on": "error"}, "fail_on": "warning"}
 
 
 def test_resolved_device_explicit() -> None:

@@ -501,7 +501,7 @@ def test_run_steps_rejects_bad_arguments(example_target: Any) -> None:
     with pytest.raises(ConfigError, match="--steps"):
         run_steps(example_target, settings, 0)
     frozen = copy.deepcopy(example_target.model).requires_grad_(False)
-    with pytest.raises(ConfigError, match="no parameter that requires grad"):
+    with pytest.raises(ConfigError, match="no trainable parameter that gets a gradient"):
         run_steps(dataclasses.replace(example_target, model=frozen), settings, 2)
     half = load_settings(None, {"device": "cpu", "mode": "half", "grad_scale": 1024})
     with pytest.raises(ConfigError, match="mode half"):

@@ -11,7 +11,7 @@ import torch
 
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.config import Settings
-from nan_hunter.errors import ConfigError, NanHunterError, UserCodeError, first_line
+from nan_hunter.errors import NOT_THE_MODELS, ConfigError, UserCodeError, first_line
 from nan_hunter.findings import Report
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
@@ -24,6 +24,7 @@ from nan_hunter.training.verdict import step_verdict
 
 DEFAULT_LR = 1e-3
 """Adam's learning rate in ``run_steps`` when neither the call nor the settings give one."""
+NO_GRADIENT = "--steps trains the model, but it has no trainable parameter that gets a gradient"
 
 
 def _batch_copy(batch: Batch, device: str, dtype: torch.dtype | None = None) -> Batch:
@@ -83,7 +84,7 @@ def run_steps(
         model.to(dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ConfigError("--steps trains the model, but it has no parameter that requires grad")
+        raise ConfigError(f"{NO_GRADIENT} (no parameter requires grad)")
     optimizer = torch.optim.Adam(params, lr=lr)
     scaler = torch.amp.GradScaler(device, init_scale=settings.loss_scale()) if (
         settings.grad_scale is not None
@@ -99,13 +100,18 @@ def run_steps(
         try:  # anomaly detection would raise on the NaN gradients the step check is for
             with torch.autograd.set_detect_anomaly(False):
                 (scaler.scale(loss) if scaler is not None else loss).backward()
-        except NanHunterError:
+        except NOT_THE_MODELS:
             raise
-        except Exception as exc:
+        except BaseException as exc:
             raise UserCodeError(
                 f"{type(exc).__name__} in the backward of training step {index}: "
                 f"{first_line(exc)}"
             ) from exc
+        if all(p.grad is None for p in params):  # GradScaler.step would assert on no gradient
+            raise ConfigError(
+                f"{NO_GRADIENT} (the loss of training step {index} reaches none of the "
+                f"{len(params)} that require grad)"
+            )
         scale_problem = None
         used = None
         grads_ok = True
@@ -161,9 +167,9 @@ def _train_forward(
         with precision:
             output = model(*batch.args, **batch.kwargs)
             loss = loss_fn(output, batch.raw) if loss_fn is not None else default_loss(output)
-    except NanHunterError:
+    except NOT_THE_MODELS:
         raise
-    except Exception as exc:
+    except BaseException as exc:
         raise UserCodeError(
             f"{type(exc).__name__} in training step {index}: {first_line(exc)}"
         ) from exc

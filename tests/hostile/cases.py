@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import stat
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Mapping
@@ -322,6 +323,66 @@ def _json_says(*, not_checked: str | None, backward: bool) -> Check:
         assert (report["target"]["loss_scaling"] is not None) is backward
 
     return check
+
+
+# --- never green on nothing: helpers ---------------------------------------------------------
+
+TOOL = "[tool.nan-hunter]\n"
+SUPPRESSED_MATRIX = MATRIX.replace(
+    "codes = torch.matmul(dtd_inv, z)",
+    "codes = torch.matmul(dtd_inv, z)  # nan-hunter: ignore[NH101] -- inputs are bounded",
+)
+CR_ONLY = SUPPRESSED_MATRIX.replace("\n", "\r").encode()
+"""Old Mac line ends: Python reads a lone \\r as a line end."""
+MISSPELLED_CODE = SUPPRESSED_MATRIX.replace("ignore[NH101]", "ignore[NH1O1]")
+"""``NH1O1``: a letter O for the zero."""
+NO_GRADIENT_REACHED = model(forward="return (x * 2).sum()",
+                            batch="torch.randn(2, 4, requires_grad=True)")
+"""The loss never reaches the parameters: none gets a gradient."""
+FROZEN = model(build="net = Net()\nnet.requires_grad_(False)\nreturn net")
+WITHOUT_PARAMETERS = (
+    "import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+    "    def forward(self, x):\n        return (x * 2).sum()\n\n\n"
+    "def build_model():\n    return Net()\n\n\n"
+    "def sample_batch():\n    return torch.randn(2, 4, requires_grad=True)\n"
+)
+LIBRARY = "nh_hostile_gramlib"
+LIBRARY_SOURCE = (
+    "import torch\n\n\ndef gram(x):\n"
+    "    return x @ x.transpose(-2, -1)  # nan-hunter: ignore[NH] -- the library's own judgement\n"
+)
+LIBRARY_USER = (
+    f"import torch\nfrom torch import nn\n\nimport {LIBRARY}\n\n\n"
+    "class Style(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.proj = nn.Linear(16, 16)\n\n"
+    "    def forward(self, x):\n        h = self.proj(x) * 300.0\n"
+    f"        g = {LIBRARY}.gram(h)\n"
+    "        return g.mean(-1) / (g.abs().amax() + 1.0)\n\n\n"
+    "def build_model():\n    torch.manual_seed(0)\n    return Style()\n\n\n"
+    "def sample_batch():\n    torch.manual_seed(0)\n    return torch.randn(2, 8, 16)\n"
+)
+"""attack20's model: its culprit op runs in an installed library, called from the user's file."""
+
+
+def _installed_library(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``venv/site-packages`` on the path; the library imported fresh and forgotten after."""
+    monkeypatch.syspath_prepend(str(folder / "venv" / "site-packages"))
+    monkeypatch.setitem(sys.modules, LIBRARY, None)  # undone last: the name is gone after
+    monkeypatch.delitem(sys.modules, LIBRARY)
+
+
+def _suppressed(folder: Path, result: Any) -> None:
+    assert "1 suppressed" in result.stdout, result.stdout
+
+
+def _unknown_code_noted(folder: Path, result: Any) -> None:
+    assert "ignore[NH1O1] names an unknown rule code 'NH1O1', so NH101 is not suppressed" in (
+        " ".join(result.stdout.split())
+    ), result.stdout
+
+
+def _library_finding_active(folder: Path, result: Any) -> None:
+    assert "error[NH102]" in result.stdout and "suppressed" not in result.stdout, result.stdout
 
 
 CASES: list[Case] = [
@@ -656,4 +717,83 @@ CASES: list[Case] = [
     Case("lazy-sibling-import-in-forward", (*SCAN, "--format", "json"), 0,
          files={"model.py": model(forward="import helper_d\nx = x * helper_d.SCALE"),
                 "helper_d.py": HELPER}),
+    # --- never green on nothing: a scan that checks nothing is an error, not a clean pass ----
+    Case("empty-select-in-pyproject-leaves-no-rule", SCAN, 2,
+         r"pyproject\.toml \[tool\.nan-hunter\]: 'select' \[\] leaves no rule to run",
+         files={"model.py": MATRIX, "pyproject.toml": TOOL + "select = []\n"}),
+    Case("empty-select-in-config-leaves-no-rule", (*SCAN, "--config", "c.yaml"), 2,
+         r"c\.yaml: 'select' \[\] leaves no rule to run",
+         files={"model.py": MATRIX, "c.yaml": "select: []\n"}),
+    Case("ignore-everything-in-project-yaml-leaves-no-rule", SCAN, 2,
+         r"nan-hunter\.yaml: 'select' \[NH\] with 'ignore' \[NH\] leaves no rule to run",
+         files={"model.py": MATRIX, "nan-hunter.yaml": "ignore: [NH]\n"}),
+    Case("select-and-ignore-one-prefix-leaves-no-rule", (*SCAN, "--select", "NH1", "--ignore",
+         "NH1"), 2, r"error: command line: 'select' \[NH1\] with 'ignore' \[NH1\] leaves no rule",
+         files={"model.py": MATRIX}),
+    Case("key-in-both-spellings-in-pyproject", SCAN, 2,
+         r"pyproject\.toml \[tool\.nan-hunter\]: 'fail-on' and 'fail_on' are the same setting",
+         files={"model.py": CLEAN,
+                "pyproject.toml": TOOL + 'fail-on = "warning"\nfail_on = "error"\n'}),
+    Case("other-key-in-both-spellings-in-pyproject", SCAN, 2,
+         r"'max_warnings' and 'max-warnings' are the same setting; keep one$",
+         files={"model.py": CLEAN,
+                "pyproject.toml": TOOL + "max_warnings = 3\nmax-warnings = 9\n"}),
+    Case("key-twice-in-pyproject-is-a-toml-error", SCAN, 2,
+         r"pyproject\.toml is not valid TOML: Cannot overwrite a value \(at line 3",
+         files={"model.py": CLEAN,
+                "pyproject.toml": TOOL + 'fail-on = "warning"\nfail-on = "error"\n'}),
+    Case("key-twice-in-project-yaml", SCAN, 2,
+         r"nan-hunter\.yaml: key 'fail_on' is given twice \(lines 1 and 3\); keep one$",
+         files={"model.py": CLEAN, "nan-hunter.yaml": "fail_on: warning\ndtype: float16\n"
+                                                      "fail_on: error\n"}),
+    Case("key-twice-in-config", (*SCAN, "--config", "c.yaml"), 2,
+         r"c\.yaml: key 'select' is given twice \(lines 1 and 2\)",
+         files={"model.py": MATRIX, "c.yaml": "select: [NH1]\nselect: [NH5]\n"}),
+    Case("report-over-discovered-pyproject", (*SCAN, "-o", "pyproject.toml"), 2,
+         r"refusing to write the report to .*pyproject\.toml: it is a settings file the scan read",
+         files={"model.py": CLEAN, "pyproject.toml": TOOL + 'fail-on = "warning"\n'}),
+    Case("report-over-pyproject-of-a-parent-folder", ("scan", "sub/model.py", "-o",
+         "pyproject.toml"), 2, "it is a settings file the scan read",
+         files={"sub/model.py": CLEAN, "pyproject.toml": TOOL + 'fail-on = "warning"\n'}),
+    Case("patch-over-discovered-yaml", (*SCAN, "--patch", ".nan-hunter.yaml"), 2,
+         r"refusing to write the patch to .*\.nan-hunter\.yaml: it is a settings file the scan",
+         files={"model.py": MATRIX, ".nan-hunter.yaml": "fail_on: error\n"}),
+    Case("suppression-in-a-cr-only-file", SCAN, 0, files={"model.py": CR_ONLY},
+         check=_suppressed),
+    Case("suppression-naming-an-unknown-code-says-so", SCAN, 1,
+         files={"model.py": MISSPELLED_CODE}, check=_unknown_code_noted),
+    Case("installed-library-comment-suppresses-nothing", SCAN, 1,
+         files={"model.py": LIBRARY_USER, f"venv/site-packages/{LIBRARY}/__init__.py":
+                LIBRARY_SOURCE}, setup=_installed_library, check=_library_finding_active),
+    Case("model-raises-cancelled-error-in-forward", SCAN, 2,
+         r"error: the model raised CancelledError during forward: stop",
+         files={"model.py": model(top="import asyncio",
+                                  forward="raise asyncio.CancelledError('stop')")}),
+    Case("model-raises-cancelled-error-in-forward-child", SCAN, 2,
+         r"error: the model raised CancelledError during forward: stop",
+         files={"model.py": model(top="import asyncio",
+                                  forward="raise asyncio.CancelledError('stop')")}, child=True),
+    Case("model-raises-generator-exit-in-build", SCAN, 2,
+         r"error: GeneratorExit while calling build_model\(\)",
+         files={"model.py": model(build="raise GeneratorExit()")}),
+    Case("model-raises-its-own-base-exception-at-import-child", SCAN, 2,
+         r"error: Halt while importing model\.py: halt",
+         files={"model.py": model(top="class Halt(BaseException):\n    pass\n\n\n"
+                                      "raise Halt('halt')\n")}, child=True),
+    Case("model-raises-cancelled-error-in-a-training-step", (*SCAN, "--steps", "2"), 2,
+         r"error: CancelledError in training step 0: stop",
+         files={"model.py": model(top="import asyncio",
+                                  forward="raise asyncio.CancelledError('stop')")}),
+    Case("steps-when-no-parameter-gets-a-gradient", (*SCAN, "--steps", "3"), 2,
+         r"no trainable parameter that gets a gradient \(the loss of training step 0 reaches",
+         files={"model.py": NO_GRADIENT_REACHED}),
+    Case("steps-when-no-parameter-gets-a-gradient-unscaled",
+         (*SCAN, "--steps", "3", "--grad-scale", "none"), 2,
+         r"no trainable parameter that gets a gradient", files={"model.py": NO_GRADIENT_REACHED}),
+    Case("steps-with-every-parameter-frozen", (*SCAN, "--steps", "3"), 2,
+         r"no trainable parameter that gets a gradient \(no parameter requires grad\)$",
+         files={"model.py": FROZEN}),
+    Case("steps-on-a-model-without-parameters", (*SCAN, "--steps", "3"), 2,
+         r"no trainable parameter that gets a gradient \(no parameter requires grad\)$",
+         files={"model.py": WITHOUT_PARAMETERS}),
 ]
