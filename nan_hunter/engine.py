@@ -105,10 +105,14 @@ def _scan_target(target: Target, settings: Settings) -> Report:
                 low, log = backward.run(scale, "unscaled backward: overflows at every scale")
     if low.backward_ran:
         info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
+    unchecked = []
     if low.backward_skipped:
-        info = dataclasses.replace(
-            info, unchecked=(f"the backward was not analysed: {low.backward_skipped}",)
-        )
+        unchecked.append(f"the backward was not analysed: {low.backward_skipped}")
+    if low.unseen:
+        unchecked.append(f"ops the tracer did not see computed the output of {low.unseen[0]}"
+                         + (f" and {len(low.unseen) - 1} more modules" if len(low.unseen) > 1
+                            else ""))
+    info = dataclasses.replace(info, unchecked=tuple(unchecked))
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
         announce("FP32 reference pass")

@@ -41,6 +41,9 @@ class PassResult:
     backward_ran: bool
     escaped: frozenset[int] = frozenset()
     """Ops whose output left a module: the values a next layer may cast."""
+    unseen: tuple[str, ...] = ()
+    """Modules whose outputs were computed by ops the tracer did not see (``OpTracer.unseen``):
+    nothing checked those ops' values."""
     param_grads: dict[str, GradRecord] = field(default_factory=dict)
     """Per parameter name: what FP16 rounding did to its gradient (emulated backward only)."""
     gradients_finite: bool | None = None
@@ -559,6 +562,7 @@ class _TracedForward:
             backward_ran=backward_ran,
             backward_skipped=skipped,
             escaped=frozenset(tracer.escaped),
+            unseen=tuple(tracer.unseen) if self._traced else (),
             param_grads=param_grads,
             gradients_finite=finite,
             estimated_zeros=tracer.estimated_zeros,

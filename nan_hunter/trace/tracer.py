@@ -138,6 +138,9 @@ class OpTracer(TorchFunctionMode):
         self.in_loss = False
         """Set by the runner while the loss function runs."""
         self.escaped: set[int] = set()
+        self.unseen: dict[str, None] = {}
+        """Modules (in order) whose outputs an op computed that this mode never saw: an op
+        run under ``torch._C.DisableTorchFunction()`` or from C++ code."""
         """Indices of ops whose output left a module (a module's or the model's output)."""
         self.output_bytes = 0
         """Bytes of the traced outputs: what a retained graph may keep alive, at most."""
@@ -357,6 +360,9 @@ class OpTracer(TorchFunctionMode):
                 index = self._producer.get(t)
                 if index is not None:
                     self.escaped.add(index)
+                elif t.grad_fn is not None and not self._paused:
+                    # computed (it has a graph node), and by no op this mode recorded
+                    self.unseen.setdefault(self._modules.current or "(root)")
 
     @contextmanager
     def paused(self) -> Iterator[None]:

@@ -385,6 +385,27 @@ def _library_finding_active(folder: Path, result: Any) -> None:
     assert "error[NH102]" in result.stdout and "suppressed" not in result.stdout, result.stdout
 
 
+HIDDEN_MATMUL = model(
+    build="net = Net()\nnet.big = torch.nn.Parameter(torch.full((4, 4), 3e4))\nreturn net",
+    forward="with torch._C.DisableTorchFunction():\n    return self.fc(x) @ self.big",
+)
+"""A matmul that overflows FP16 where the tracer cannot see it."""
+HIDDEN_IN_A_SUBMODULE = (
+    "import torch\nfrom torch import nn\n\n\n"
+    "class Gram(nn.Module):\n"
+    "    def forward(self, h):\n"
+    "        with torch._C.DisableTorchFunction():\n"
+    "            return h @ h.t() * 1e5\n\n\n"
+    "class Net(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n"
+    "        self.fc = nn.Linear(4, 4)\n        self.gram = Gram()\n\n"
+    "    def forward(self, x):\n        return self.gram(self.fc(x)).mean()\n\n\n"
+    "def build_model():\n    return Net()\n\n\n"
+    "def sample_batch():\n    return torch.randn(2, 4)\n"
+)
+"""A hidden op in a submodule: the finding names it."""
+
+
 CASES: list[Case] = [
     # --- text from the model in CI outputs and terminals -------------------------------------
     Case("github-summary-of-a-file-name-with-a-newline",
@@ -436,6 +457,11 @@ CASES: list[Case] = [
     Case("no-backward-text-header-says-so", (*SCAN, "--no-backward"), 0,
          files={"model.py": CLEAN},
          check=_stdout_has("not checked  the backward was not analysed")),
+    Case("ops-hidden-from-the-tracer-are-not-clean", (*SCAN, "--format", "json"), 1,
+         files={"model.py": HIDDEN_MATMUL},
+         check=_json_says(not_checked="ops the tracer did not see", backward=True)),
+    Case("ops-hidden-in-a-submodule-name-it", SCAN, 1, files={"model.py": HIDDEN_IN_A_SUBMODULE},
+         check=_stdout_has("error[NH003] not_checked: the output of gram was computed")),
     # --- writes: --fix, backups, -o and --patch never lose or clobber a file ----------------
     Case("fix-backup-then-fix", (*SCAN, "--fix"), 0, files={"model.py": MATRIX},
          written=frozenset({"model.py", "model.py.orig"}), check=_backup_is("model.py.orig")),

@@ -1,0 +1,67 @@
+"""NH003: ops ran in the forward that the tracer did not see, so nobody checked them."""
+
+from __future__ import annotations
+
+from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
+from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
+
+
+@register
+class UnseenOps(SiteRule):
+    code = "NH003"
+    name = "unseen-ops"
+    severity = Severity.ERROR
+    kind = Kind.NOT_CHECKED
+    summary = "Ops ran that the tracer could not see: their values were not checked."
+    doc = """\
+## What
+A module's output was computed (it has an autograd graph node) by no op the tracer recorded.
+Something in the forward ran torch ops out of the tracer's sight: code under
+`torch._C.DisableTorchFunction()`, or ops called from C++ (an extension's own kernels).
+
+## Why
+nan-hunter checks every op it sees for values outside FP16's range. Ops it does not see may
+overflow unchecked: a report without findings would call a model clean whose NaN comes from
+exactly those ops.
+
+## Example
+```python
+def forward(self, x):
+    with torch._C.DisableTorchFunction():
+        return x @ self.big     # overflows FP16, unseen
+```
+
+## Fix
+Let the ops run as plain Python torch calls while scanning (remove the
+`DisableTorchFunction` block). No automatic fix.
+"""
+
+    stage = "pass"
+
+    def detect(self, scan: ScanEvidence) -> list[Finding]:
+        low = scan.low
+        if low is None or not low.unseen:
+            return []
+        modules = ", ".join(low.unseen[:5]) + (", ..." if len(low.unseen) > 5 else "")
+        return [
+            Finding(
+                code=self.code,
+                severity=self.severity,
+                kind=self.kind,
+                phase=Phase.FORWARD,
+                op="",
+                module=low.unseen[0],
+                location=None,
+                origin=False,
+                message=(
+                    f"the output of {modules} was computed by ops the tracer did not see "
+                    "(torch._C.DisableTorchFunction() or C++ code); their values "
+                    "were not checked, so this scan cannot call them clean"
+                ),
+                fix=Fix(
+                    title="Run those ops as plain Python torch calls while scanning",
+                    applicability=Applicability.DISPLAY_ONLY,
+                ),
+                modules=tuple(low.unseen),
+            )
+        ]
