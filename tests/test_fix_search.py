@@ -353,3 +353,48 @@ def test_casts_go_on_the_leaves_of_a_sub_expression(
     assert patch is not None
     expected = (half_cast or autocast_cast) if half else autocast_cast
     assert f"    {expected}\n" in patch.new_source, patch.new_source
+
+
+# --- real bugs: advice that fits the op --------------------------------------------------------
+
+ALL_IGNORED = textwrap.dedent(
+    """\
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+
+    def build_model():
+        torch.manual_seed(0)
+        return nn.Linear(8, 5)
+
+
+    def sample_batch():
+        return torch.randn(4, 8)
+
+
+    def loss_fn(output, batch):
+        target = torch.full((4,), {ignore})
+        return F.{loss}({args}, target{kwargs})
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("loss", "args", "ignore", "kwargs"),
+    [
+        ("cross_entropy", "output", -100, ""),
+        ("cross_entropy", "output", 0, ", ignore_index=0"),
+        ("nll_loss", "output.log_softmax(-1)", -100, ""),
+    ],
+)
+def test_a_batch_of_only_ignored_targets_gets_the_empty_mean_advice(
+    loss: str, args: str, ignore: int, kwargs: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(ALL_IGNORED.format(loss=loss, args=args, ignore=ignore, kwargs=kwargs))
+    finding = _error(scan_file(str(path)))
+    assert (finding.code, finding.op) == ("NH301", f"torch.nn.functional.{loss}")
+    assert finding.fix is not None
+    assert "every target is ignore_index" in finding.fix.title
+    assert "reduction='sum'" in finding.fix.title

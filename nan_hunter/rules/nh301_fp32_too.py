@@ -37,6 +37,12 @@ _ADVICE = {
     "acos": "Clamp the input into the domain: torch.acos(x.clamp(-1 + eps, 1 - eps))",
     "asin": "Clamp the input into the domain: torch.asin(x.clamp(-1 + eps, 1 - eps))",
     "pow": "Clamp the base before a fractional power: x.clamp_min(0) ** p",
+    "cross_entropy": "A batch whose every target is ignore_index averages over no token (0/0): "
+    "skip the loss when (target != ignore_index).sum() == 0, or use reduction='sum' and divide "
+    "by a token count that is at least 1 (a global count, across ranks and accumulation steps)",
+    "nll_loss": "A batch whose every target is ignore_index averages over no token (0/0): "
+    "skip the loss when (target != ignore_index).sum() == 0, or use reduction='sum' and divide "
+    "by a token count that is at least 1",
 }
 """Advice that fits the op, for a non-finite result that is a real bug."""
 
