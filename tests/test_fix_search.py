@@ -398,3 +398,69 @@ def test_a_batch_of_only_ignored_targets_gets_the_empty_mean_advice(
     assert finding.fix is not None
     assert "every target is ignore_index" in finding.fix.title
     assert "reduction='sum'" in finding.fix.title
+
+
+# --- a backward that overflows unscaled: the op in FP32 ----------------------------------------
+
+STEEP = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            nn.init.zeros_(self.fc.weight)
+            nn.init.constant_(self.fc.bias, 0.01)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return h.pow({k})
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return {call}
+
+
+    def build_model():
+        return Net()
+
+
+    def sample_batch():
+        return torch.ones(2, 4)
+
+
+    def loss_fn(output, batch):
+        return output.sum() * {weight}
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("k", "weight", "call"),
+    [
+        (-3, 3e-4, "self.block(x)"),
+        (-2, 0.05, "self.block(x)"),
+        (-3, 3e-4, "self.block(x) + 0"),
+        (-2, 0.05, "self.block(x).relu()"),
+    ],
+)
+def test_a_gradient_that_overflows_unscaled_gets_its_op_in_fp32_verified(
+    k: int, weight: float, call: str, tmp_path: Path
+) -> None:
+    """The FP32 gradient of ``h.pow(k)`` near 0 fits FP32, not FP16, at every loss scale: no
+    GradScaler setting helps; the op producing ``h`` computed in FP32 does, verified."""
+    path = tmp_path / "model.py"
+    path.write_text(STEEP.format(k=k, weight=weight, call=call), encoding="utf-8")
+    finding = _error(scan_file(str(path)))
+    assert finding.code == "NH401"
+    assert finding.fix is not None
+    assert finding.fix.title.startswith("Compute torch.nn.functional.linear in FP32")
+    assert finding.fix.verified is True, finding.fix.remaining

@@ -9,6 +9,10 @@ from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 from nan_hunter.trace.stats import format_number
 
 
+_CASTS = frozenset({"float", "half", "double", "bfloat16", "to", "type"})
+"""Ops whose backward casts the incoming gradient and computes nothing."""
+
+
 @register
 class BackwardNonFinite(Rule):
     code = "NH401"
@@ -33,8 +37,10 @@ loss = out32.sum() * 1e5                      # dloss/dout = 1e5 > 65504 -> inf
 ```
 
 ## Fix
-Lower the loss weight or the loss scale (`GradScaler(init_scale=...)`, which also skips such steps),
-or compute the op in FP32 so its gradient is FP32. Review needed: display-only advice.
+When a loss scale is what pushes the gradient over, lower it (`GradScaler(init_scale=...)`, which
+also skips such steps): display-only advice. When the gradient overflows even unscaled (a steep
+op: `pow(x, -k)` or `sqrt` near 0, `atan2`), the op runs in FP32 (an autocast-disabled region,
+verified by re-scan), so that its backward does too.
 """
 
     def matches(self, c: Candidate) -> bool:
@@ -61,6 +67,15 @@ or compute the op in FP32 so its gradient is FP32. Review needed: display-only a
 
     def fix(self, c: Candidate) -> FixPlan:
         window = c.scale_window
+        if c.grad_scale <= 1.0 and c.ref_finite and c.op_name not in _CASTS:
+            # No loss scale pushed it over: the backward overflows unscaled (a steep op near
+            # 0, pow(x, -k), atan2): the op's own backward has to run in FP32. Not for a cast:
+            # its backward only casts the gradient it receives, which the loss made too large.
+            return FixPlan(
+                title=f"Compute {c.event.op} in FP32 (autocast disabled), so that its backward "
+                "runs in FP32 too",
+                region=True,
+            )
         if window is not None and window.recommended is not None:
             return FixPlan(
                 title=f"Use torch.amp.GradScaler(init_scale=2**{window.recommended}) "
