@@ -16,6 +16,8 @@ import torch
 
 from nan_hunter import runner
 
+pytestmark = pytest.mark.slow  # runs the benchmark's variants
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

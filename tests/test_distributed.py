@@ -23,9 +23,13 @@ TIMEOUT_S = 180
 """Two processes importing torch on a busy 2-core runner take ~10-20 s; a hang takes this."""
 BAD_CALL = BAD_STEP * ACCUMULATE  # the first micro-batch of the bad optimizer step
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="needs torch.distributed/gloo"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()),
+        reason="needs torch.distributed/gloo",
+    ),
+    pytest.mark.slow,  # torchrun ranks in processes of their own
+]
 
 
 def _torchrun(

@@ -12,11 +12,14 @@ import shutil
 from pathlib import Path
 
 import jsonschema
+import pytest
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
 from tests.conftest import EXAMPLES
 from tests.test_report_emitters import SARIF_SCHEMA_FILE
+
+pytestmark = pytest.mark.slow  # a real scan process per file
 
 BAD = """\
 import torch

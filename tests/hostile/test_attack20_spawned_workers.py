@@ -20,6 +20,8 @@ from nan_hunter import loader
 from nan_hunter.cli import app
 from nan_hunter.loader import import_user_module
 
+pytestmark = pytest.mark.slow  # DataLoader workers started by spawn
+
 MODEL = """\
 import torch
 from torch import nn

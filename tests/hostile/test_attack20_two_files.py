@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 from nan_hunter.cli import app
 from tests.hostile.sources import GRAM_LAYERS
 
+pytestmark = pytest.mark.slow  # real scan processes (isolation is the subject)
+
 LAYERS = GRAM_LAYERS
 
 MODEL = """\

@@ -23,7 +23,12 @@ def test_the_catalog_is_large_and_names_are_unique() -> None:
     assert len({c.name for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize(
+    "case",
+    # a case in the real scan process costs a torch import (~2-4 s): behind the slow marker
+    [pytest.param(c, marks=pytest.mark.slow if c.child else ()) for c in CASES],
+    ids=[c.name for c in CASES],
+)
 def test_case(case: Case, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if case.root and os.geteuid() != 0:
         pytest.skip("changing a file's owner needs root")

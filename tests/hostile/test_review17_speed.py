@@ -17,6 +17,8 @@ from nan_hunter.precision.formats import FP16
 from nan_hunter.runner import PassRunner
 from nan_hunter.trace.stats import EXACT_UP_TO
 
+pytestmark = pytest.mark.slow  # times whole scan processes
+
 _N = 512  # 512 x 512 values: beyond EXACT_UP_TO, so a low pass estimates their zeros
 
 
