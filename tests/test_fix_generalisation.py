@@ -1,0 +1,133 @@
+"""The fix search on model code it has not seen: ``tests/fix_shapes/generator.py`` builds small
+models (a culprit x how its operands arrive x autocast/half), each of which fails the plain scan;
+``--fix-all`` runs on a copy of each.
+
+Never allowed: a fix the first scan labelled verified whose finding's op still fails after
+``--fix-all`` (``verified-but-failing``). The clean rate is held to the product goal,
+``CLEAN_TARGET``; the current fix search is below it, so that assertion is an expected failure
+(not strict) while the search is improved. The default suite runs a 12-model sample; the full
+set is ``@pytest.mark.slow``. ``python -m tests.fix_shapes.generator --report`` prints a line per
+model and the rates per culprit, arrival and mode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fix_shapes.generator import (
+    ARRIVALS,
+    CULPRITS,
+    MODES,
+    GeneratedModel,
+    Outcome,
+    generate,
+    run_model,
+    sample,
+)
+
+CLEAN_TARGET = 0.95
+FULL_VARIANTS = 3
+"""Seeds per combination in the slow test (393 models, about 4 min on 2 cores)."""
+
+BELOW_TARGET = (
+    "the fix search is below the clean-rate goal on generated models (FP32 regions in half mode "
+    "that do not cast back, NH104 on an attribute, NH401 without an automatic fix...); "
+    "improved in parallel"
+)
+
+
+def _run_all(models: list[GeneratedModel], tmp_path: Path) -> list[Outcome]:
+    outcomes = []
+    for i, model in enumerate(models):
+        outcomes.append(run_model(model, tmp_path / f"m{i}"))
+    return outcomes
+
+
+def _check_generated(outcomes: list[Outcome]) -> None:
+    """Every model fails the plain scan: one that does not is a bug of the generator."""
+    bad = [f"{o.model.id}: exit {o.plain_code} {o.plain_errors[:1]}" for o in outcomes
+           if not o.fails_plain]
+    assert not bad, "generator bug, the plain scan does not fail:\n" + "\n".join(bad)
+
+
+def _check_no_verified_but_failing(outcomes: list[Outcome]) -> None:
+    bad = [o.line() for o in outcomes if o.result == "verified-but-failing"]
+    assert not bad, "a fix labelled verified left its op failing:\n" + "\n".join(bad)
+
+
+def _check_clean_rate(outcomes: list[Outcome]) -> None:
+    clean = sum(o.result == "clean" for o in outcomes)
+    rate = clean / len(outcomes)
+    if rate < CLEAN_TARGET:
+        lines = "\n".join(o.line() for o in outcomes if o.result != "clean")
+        pytest.xfail(f"{BELOW_TARGET}: clean {clean}/{len(outcomes)} ({rate:.0%}) < "
+                     f"{CLEAN_TARGET:.0%}\n{lines}")
+
+
+def test_the_sample_covers_every_culprit_arrival_and_mode() -> None:
+    models = sample()
+    assert len(models) == 12
+    assert {m.culprit for m in models} == set(CULPRITS)
+    assert {m.arrival for m in models} == set(ARRIVALS)
+    assert {m.mode for m in models} == set(MODES)
+
+
+def test_the_generator_is_seeded_and_varied() -> None:
+    first = generate(2)
+    again = generate(2)
+    assert [m.files for m in first] == [m.files for m in again]
+    assert len({m.id for m in first}) == len(first)
+    # two seeds of one combination are different files (names, sizes, constants)
+    by_combo: dict[tuple[str, str, str, str], set[str]] = {}
+    for m in first:
+        by_combo.setdefault((m.culprit, m.shape, m.arrival, m.mode), set()).add(
+            m.files[m.entry] + "".join(v for k, v in m.files.items() if k != m.entry)
+        )
+    same = [k for k, texts in by_combo.items() if len(texts) < 2]
+    assert len(same) <= len(by_combo) // 10, same
+    for m in first:
+        for text in m.files.values():
+            compile(text, m.id, "exec")
+
+
+@pytest.fixture(scope="module")
+def sample_outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+    return _run_all(sample(), tmp_path_factory.mktemp("fix-shapes-sample"))
+
+
+def test_sample_models_fail_the_plain_scan(sample_outcomes: list[Outcome]) -> None:
+    _check_generated(sample_outcomes)
+
+
+def test_sample_no_verified_fix_leaves_its_op_failing(sample_outcomes: list[Outcome]) -> None:
+    _check_no_verified_but_failing(sample_outcomes)
+
+
+@pytest.mark.xfail(strict=False, reason=BELOW_TARGET)
+def test_sample_clean_rate(sample_outcomes: list[Outcome]) -> None:
+    _check_clean_rate(sample_outcomes)
+    assert sum(o.result == "clean" for o in sample_outcomes) / len(sample_outcomes) >= CLEAN_TARGET
+
+
+@pytest.fixture(scope="module")
+def full_outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
+    return _run_all(generate(FULL_VARIANTS), tmp_path_factory.mktemp("fix-shapes-full"))
+
+
+@pytest.mark.slow
+def test_full_models_fail_the_plain_scan(full_outcomes: list[Outcome]) -> None:
+    _check_generated(full_outcomes)
+
+
+@pytest.mark.slow
+def test_full_no_verified_fix_leaves_its_op_failing(full_outcomes: list[Outcome]) -> None:
+    _check_no_verified_but_failing(full_outcomes)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=BELOW_TARGET)
+def test_full_clean_rate(full_outcomes: list[Outcome]) -> None:
+    _check_clean_rate(full_outcomes)
+    assert sum(o.result == "clean" for o in full_outcomes) / len(full_outcomes) >= CLEAN_TARGET
