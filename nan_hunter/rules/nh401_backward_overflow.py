@@ -8,7 +8,6 @@ from nan_hunter.rules._messages import fp32_reach, output_damage
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 from nan_hunter.trace.stats import format_number
 
-
 _CASTS = frozenset({"float", "half", "double", "bfloat16", "to", "type"})
 """Ops whose backward casts the incoming gradient and computes nothing."""
 
