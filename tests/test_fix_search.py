@@ -464,3 +464,172 @@ def test_a_gradient_that_overflows_unscaled_gets_its_op_in_fp32_verified(
     assert finding.fix is not None
     assert finding.fix.title.startswith("Compute torch.nn.functional.linear in FP32")
     assert finding.fix.verified is True, finding.fix.remaining
+
+
+# --- half mode: the cast back where the values are back in range ------------------------------
+
+RETURNED = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 16)
+            self.weight = nn.Parameter(torch.ones(16))
+
+        def forward(self, x):
+            h = self.proj(x) * 40.0
+            {body}
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+            self.out = nn.Linear(16, 2)
+
+        def forward(self, x):
+            return self.out(self.block(x))
+
+
+    def build_model():
+        torch.manual_seed(0)
+        return Net()
+
+
+    def sample_batch():
+        torch.manual_seed(0)
+        return torch.randn(4, 16) * 30
+    """
+)
+RETURN_BODIES = {
+    "rms-norm": "ms = (h * h).mean(-1, keepdim=True)\n"
+    "        return h * torch.rsqrt(ms + 1e-6) * self.weight",
+    "attention": "s = h @ h.transpose(-2, -1)\n"
+    "        return s.softmax(-1) @ torch.tanh(h)",
+    "softmax-by-hand": "e = torch.exp(h / 100)\n"
+    "        return e / e.sum(-1, keepdim=True)",
+}
+
+
+@pytest.mark.parametrize("body", RETURN_BODIES, ids=list(RETURN_BODIES))
+def test_half_mode_region_ending_in_return_casts_the_returned_value_back(
+    body: str, tmp_path: Path
+) -> None:
+    """Under model.half() the parent's next Linear has FP16 weights: the FP32 value a region
+    returns must be cast back, at the return, once the return brings it back in range."""
+    from nan_hunter.config import load_settings
+
+    path = tmp_path / "model.py"
+    path.write_text(RETURNED.format(body=RETURN_BODIES[body]), encoding="utf-8")
+    finding = _error(scan_file(str(path), load_settings(overrides={"mode": "half"})))
+    assert finding.fix is not None
+    chosen = _chosen(finding.fix)
+    assert chosen is not None, finding.fix
+    assert ".to(torch.float16)" in (chosen.diff or ""), chosen.diff
+
+
+# --- the finfo bound: named constants, parenthesised receivers --------------------------------
+
+FINFO_SHAPES = {
+    "attribute set in __init__": (
+        "self.neg = -1e9",
+        "s = s.masked_fill(m, self.neg)",
+        "s = s.masked_fill(m, torch.finfo(s.dtype).min)",
+    ),
+    "local name": (
+        "pass",
+        "neg = -1e9\n        s = s.masked_fill(m, neg)",
+        "s = s.masked_fill(m, torch.finfo(s.dtype).min)",
+    ),
+    "binary receiver": (
+        "pass",
+        "s = (q @ k / 4) + -1e9",
+        "s = (q @ k / 4) + torch.finfo((q @ k / 4).dtype).min",
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", FINFO_SHAPES, ids=list(FINFO_SHAPES))
+def test_finfo_bound_replaces_the_constant_wherever_it_is_named(
+    shape: str, tmp_path: Path
+) -> None:
+    from nan_hunter.fixes.rewrites import finfo_limit
+
+    init, body, expected = FINFO_SHAPES[shape]
+    text = (
+        "import torch\n\n\nclass M(torch.nn.Module):\n"
+        f"    def __init__(self):\n        super().__init__()\n        {init}\n\n"
+        f"    def forward(self, s, m, q, k):\n        {body}\n        return s\n"
+    )
+    path = tmp_path / "m.py"
+    path.write_text(text, encoding="utf-8")
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.strip().startswith("s = "))
+    patched = finfo_limit(path, line, -1e9)
+    assert patched is not None
+    assert expected in patched, patched
+    ast.parse(patched)
+
+
+def test_finfo_bound_leaves_a_name_assigned_two_different_values(tmp_path: Path) -> None:
+    from nan_hunter.fixes.rewrites import finfo_limit
+
+    text = (
+        "import torch\n\n\ndef f(s, m, big):\n"
+        "    neg = -1e9\n    if big:\n        neg = -1.0\n"
+        "    return s.masked_fill(m, neg)\n"
+    )
+    path = tmp_path / "m.py"
+    path.write_text(text, encoding="utf-8")
+    assert finfo_limit(path, 8, -1e9) is None
+
+
+def test_a_bool_mask_read_by_the_region_is_not_cast(tmp_path: Path) -> None:
+    """masked_fill's mask is a bool tensor in the trace: ``.float()`` on it would make the
+    patched forward fail ("masked_fill_ only supports boolean masks")."""
+    from nan_hunter.config import load_settings
+
+    path = tmp_path / "model.py"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            from torch import nn
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Linear(16, 16)
+
+                    self.register_buffer("neg", torch.tensor(-1e9))
+
+                def forward(self, x):
+                    s = self.fc(x)
+                    mask = s < 0
+                    s = s.masked_fill(mask, self.neg)
+                    return s.softmax(-1)
+
+
+            def build_model():
+                torch.manual_seed(0)
+                return Net()
+
+
+            def sample_batch():
+                torch.manual_seed(0)
+                return torch.randn(4, 16)
+            """
+        ),
+        encoding="utf-8",
+    )
+    finding = _error(scan_file(str(path), load_settings()))
+    assert finding.fix is not None
+    chosen = _chosen(finding.fix)
+    assert chosen is not None, finding.fix
+    assert "s.float()" in (chosen.diff or ""), chosen.diff
+    assert "mask.float()" not in (chosen.diff or ""), chosen.diff
+    assert chosen.verified is True, chosen.remaining

@@ -108,7 +108,7 @@ def build_autocast_region_patch(
     device_type: str = "cuda",
     relative_to: pathlib.Path | None = None,
     upcast_sites: Sequence[tuple[int, str, int]] = (),
-    fp32_operands: frozenset[int] = frozenset(),
+    uncast_operands: frozenset[int] = frozenset(),
     consumer_lines: Sequence[int] = (),
     cast_back: str | None = None,
     grow_to_producers: bool = False,
@@ -146,7 +146,7 @@ def build_autocast_region_patch(
         producer_lines,
         device_type,
         upcast_sites,
-        fp32_operands,
+        uncast_operands,
         consumer_lines,
         cast_back,
         grow_to_producers,
@@ -172,7 +172,7 @@ def _patch_text(
     producer_lines: Sequence[int],
     device_type: str,
     upcast_sites: Sequence[tuple[int, str, int]] = (),
-    fp32_operands: frozenset[int] = frozenset(),
+    uncast_operands: frozenset[int] = frozenset(),
     consumer_lines: Sequence[int] = (),
     cast_back: str | None = None,
     grow_to_producers: bool = False,
@@ -227,15 +227,15 @@ def _patch_text(
     ]
 
     def inside(stmt: ast.stmt) -> set[str]:
-        """Names that upcast statements before ``stmt`` in the region assigned: FP32 there."""
-        earlier = site_stmts[: site_stmts.index(stmt)] if stmt in site_stmts else [
-            s for s in site_stmts if s.lineno < stmt.lineno
-        ]
+        """Names that upcast statements before ``stmt`` in the region (the culprit's among
+        them) assigned: FP32 there."""
+        upcast = [*site_stmts, located.stmt] if located.stmt not in site_stmts else site_stmts
+        earlier = [s for s in upcast if s is not stmt and s.lineno < stmt.lineno]
         return {name for s in earlier for name in _assigned_names(s)}
 
     edits = _upcast_edits(
         source, tree, located.stmt, culprit_line, op_name, n_tensor_operands,
-        inside=inside(located.stmt), fp32_operands=fp32_operands, region_ops=region_ops,
+        inside=inside(located.stmt), uncast_operands=uncast_operands, region_ops=region_ops,
         fallback=by_name,
     )
     if edits is None:
@@ -250,6 +250,44 @@ def _patch_text(
             if stmt else None
         )
         edits.extend(e for e in extra or () if e not in edits)
+    if cast_back is not None:
+        # Half mode: the statements after the culprit's, down to the one that brings the
+        # values back, compute with its FP32 result; an FP16 operand meeting it in a matmul
+        # (``s.softmax(-1) @ v``) fails. The operands of their arithmetic get FP32 leaves
+        # too, where no cast is planned inside them already.
+        numbers = dict.fromkeys(python_numbers(tree, culprit_line), True)
+        fp32_names = _assigned_names(located.stmt)
+        for stmt in located.block[located.index + 1 : last_index + 1]:
+            for node in _outermost_binops(stmt):
+                for operand in (node.left, node.right):
+                    start, end = source.span(operand)
+                    if any(start <= e.start <= end for e in edits):
+                        continue  # a cast planned inside it already
+                    edits.extend(_upcast_operand(
+                        source, operand, fp32_names, numbers, torch_names, fp32_modules=False
+                    ))
+            fp32_names = fp32_names | _assigned_names(stmt)
+    last_stmt = located.block[last_index]
+    brought_back_elsewhere = any(
+        (consumer := _locate(tree.body, line)) is None or consumer.block is not located.block
+        for line in consumer_lines
+    )
+    if (
+        cast_back is not None and isinstance(last_stmt, ast.Return) and last_stmt.value
+        and not brought_back_elsewhere
+    ):
+        # Half mode, a region that ends in ``return`` with its values back in range: the value
+        # it hands on is the returned one, cast back there (no name to cast back after the
+        # block). A value still out of range is cast back where its consumer in the caller
+        # brings it back (below), never here. Of two insertions at one offset the later in the
+        # list lands first (``_apply_edits``): the parenthesis opening goes last, its closing
+        # first, so both enclose the operands' own casts.
+        value = last_stmt.value
+        start, end = source.span(value)
+        if isinstance(value, _ATOMIC_OPERANDS):
+            edits = [_Edit(end, end, f".to({cast_back})"), *edits]
+        else:
+            edits = [_Edit(end, end, f").to({cast_back})"), *edits, _Edit(start, start, "(")]
     lines = split_lines(_apply_edits(text, edits))
     if len(lines) != len(source.lines):
         return None
@@ -839,12 +877,14 @@ def _upcast_edits(
     n_tensor_operands: int,
     *,
     inside: AbstractSet[str] = frozenset(),
-    fp32_operands: frozenset[int] = frozenset(),
+    uncast_operands: frozenset[int] = frozenset(),
     region_ops: Sequence[ast.AST] = (),
     fallback: bool = True,
 ) -> list[_Edit] | None:
     """Edits appending ``.float()`` to the op's tensor operands, or ``None``; operands known
-    to be FP32 already (``fp32_operands``, by position) or computed in the region are left."""
+    not to be low-precision floats (``uncast_operands``, by position: FP32 already, a bool
+    mask, an int index, as the trace recorded their dtypes) or computed in the region are
+    left."""
     module_names, torch_names = _import_bindings(tree)
     node = _find_op_node(stmt, line, op_name, torch_names, fallback)
     if node is None:
@@ -869,7 +909,7 @@ def _upcast_edits(
     return [
         edit
         for i, operand in enumerate(operands)
-        if i not in fp32_operands and not _holds_any(operand, region_ops)
+        if i not in uncast_operands and not _holds_any(operand, region_ops)
         for edit in _upcast_operand(
             source, operand, inside, numbers, torch_names, fp32_modules=fallback
         )
@@ -978,6 +1018,21 @@ def _dotted(expr: ast.expr) -> str | None:
     if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
         return f"{expr.value.id}.{expr.attr}"
     return None
+
+
+def _outermost_binops(stmt: ast.stmt) -> list[ast.BinOp]:
+    """The binary operations of ``stmt`` not inside another one, outside lambdas."""
+    found: list[ast.BinOp] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.BinOp):
+                found.append(child)
+            elif not isinstance(child, _DEFERRED_SCOPES):
+                visit(child)
+
+    visit(stmt)
+    return found
 
 
 def _holds_any(expr: ast.expr, nodes: Sequence[ast.AST]) -> bool:

@@ -20,6 +20,8 @@ from nan_hunter.project import is_installed, project_root
 from nan_hunter.rules.registry import Candidate, FixPlan
 from nan_hunter.trace.events import OpEvent
 
+_LOW_PRECISION = frozenset({"float16", "bfloat16"})
+
 
 def make_fix(
     title: str, applicability: Applicability, edits: tuple[Edit, ...], root: Path
@@ -138,9 +140,13 @@ def _build(
         producer_lines=() if in_library else plan.extra_lines,
         device_type=device,
         relative_to=root,
-        upcast_sites=() if in_library else plan.upcast_sites,
-        fp32_operands=frozenset(
-            i for i, s in enumerate(c.event.inputs) if s.dtype == "float32" and not in_library
+        upcast_sites=() if in_library else (
+            *plan.upcast_sites, *(_consumer_sites(c, path) if half_dtype else ())
+        ),
+        # the trace knows every operand's dtype: only low-precision floats get .float()
+        uncast_operands=frozenset(
+            i for i, s in enumerate(c.event.inputs)
+            if s.dtype not in _LOW_PRECISION and not in_library
         ),
         consumer_lines=_consumer_lines(c, path) if half_dtype and not in_library else (),
         cast_back=half_dtype,
@@ -171,7 +177,14 @@ def _advice(title: str, c: Candidate, half_dtype: str | None) -> Fix:
 
 
 def _consumer_lines(c: Candidate, path: Path) -> tuple[int, ...]:
+    return tuple(line for line, _, _ in _consumer_sites(c, path))
+
+
+def _consumer_sites(c: Candidate, path: Path) -> tuple[tuple[int, str, int], ...]:
+    """The ops after the culprit (same file) that still see its out-of-range values, and the
+    one that brings them back: a half-mode region runs down to them, and their FP16 operands
+    are upcast like the culprit's (``s.softmax(-1) @ v`` needs ``v.float()``)."""
     return tuple(
-        e.location.line for e in c.out_of_range_consumers
+        (e.location.line, e.op, len(e.inputs)) for e in c.out_of_range_consumers
         if e.location is not None and Path(e.location.file).resolve() == path
     )

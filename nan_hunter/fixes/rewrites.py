@@ -86,13 +86,21 @@ def finfo_limit(path: Path, line: int, value: float) -> str | None:
     if not _binds_torch(tree):
         return None
     limit = "min" if value < 0 else "max"
+    named = _named_constants(tree, line, value)
+
+    def is_the_constant(expr: ast.expr) -> bool:
+        """The number itself, or a name or ``self`` attribute only ever assigned it."""
+        found = _constant_value(expr)
+        if found is not None:
+            return _same(found, value)
+        return _dotted_name(expr) in named
+
     for node in _on_line(tree, line):
         tensor: ast.expr | None = None
         constant: ast.expr | None = None
         if isinstance(node, ast.Call):
             for arg in [*node.args, *(k.value for k in node.keywords)]:
-                found = _constant_value(arg)
-                if found is not None and _same(found, value):
+                if is_the_constant(arg):
                     constant = arg
             if constant is not None and isinstance(node.func, ast.Attribute):
                 is_torch = isinstance(node.func.value, ast.Name) and node.func.value.id in (
@@ -101,13 +109,47 @@ def finfo_limit(path: Path, line: int, value: float) -> str | None:
                 tensor = node.args[0] if is_torch and node.args else node.func.value
         elif isinstance(node, ast.BinOp):
             for this, other in ((node.left, node.right), (node.right, node.left)):
-                found = _constant_value(this)
-                if found is not None and _same(found, value):
+                if is_the_constant(this):
                     constant, tensor = this, other
         if constant is not None and tensor is not None:
             start, end = source.span(constant)
-            new = f"torch.finfo({source.segment(tensor)}.dtype).{limit}"
+            receiver = source.segment(tensor)
+            if not isinstance(tensor, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
+                receiver = f"({receiver})"  # ``(q @ k.t() / d).dtype``, not ``... / d.dtype``
+            new = f"torch.finfo({receiver}.dtype).{limit}"
             return _replace(text, [(start, end, new)])
+    return None
+
+
+def _named_constants(tree: ast.Module, line: int, value: float) -> set[str]:
+    """Names and ``self`` attributes that every assignment in scope of ``line`` (its function,
+    its class, the module's top level) sets to ``value``: ``self.neg = -1e9`` in ``__init__``
+    makes ``self.neg`` in ``forward`` that constant."""
+    scopes: list[ast.AST] = [
+        node for node in ast.walk(tree)
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.lineno <= line <= (node.end_lineno or node.lineno)
+    ]
+    assigned: dict[str, bool] = {}
+    nodes = [*tree.body, *(n for scope in scopes for n in ast.walk(scope))]
+    for node in nodes:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        found = _constant_value(node.value)
+        same = found is not None and _same(found, value)
+        for target in targets:
+            name = _dotted_name(target)
+            if name is not None:
+                assigned[name] = assigned.get(name, True) and same
+    return {name for name, same in assigned.items() if same}
+
+
+def _dotted_name(expr: ast.expr) -> str | None:
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return f"{expr.value.id}.{expr.attr}"
     return None
 
 
