@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -112,6 +113,10 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         unchecked.append(f"ops the tracer did not see computed the output of {low.unseen[0]}"
                          + (f" and {len(low.unseen) - 1} more modules" if len(low.unseen) > 1
                             else ""))
+    if low.device_queries and settings.policy not in ("native", device):
+        asked, where = low.device_queries[0]
+        unchecked.append(f"the path a {settings.policy.upper()} run takes: the forward asked "
+                         f"{asked.lstrip('.')} at {Path(where.file).name}:{where.line}")
     info = dataclasses.replace(info, unchecked=tuple(unchecked))
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
@@ -123,6 +128,7 @@ def _scan_target(target: Target, settings: Settings) -> Report:
             fp32_context(device),
             fmt,
             backward=bool(backward_origins(low)),
+            fp32=True,
             grad_scale=scale,
             count_all=True,
         )

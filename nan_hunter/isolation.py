@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import shutil
 import signal
 import struct
 import subprocess
@@ -38,6 +39,7 @@ from nan_hunter.errors import NanHunterError
 from nan_hunter.progress import listening
 
 IN_PROCESS_ENV = "NAN_HUNTER_IN_PROCESS"
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 OUTPUT_LIMIT = 1 << 20
 """Bytes of the model's output kept (the last ones)."""
 _FAILURE_OUTPUT_LINES = 40
@@ -147,10 +149,21 @@ class _Child:
             time.sleep(0.2)
 
     def _run(self, timeout: float | None) -> Isolated:
-        read_fd, write_fd = os.pipe()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.debug:
             env["NAN_HUNTER_DEBUG"] = "1"
+        if INDUCTOR_CACHE_ENV in env:
+            return self._run_with(env, timeout)
+        # torch._dynamo makes its cache folder (TMPDIR/torchinductor_<user>) when imported,
+        # as an optimizer's first use does: the scan process gets one of its own, removed after.
+        cache = tempfile.mkdtemp(prefix="nan-hunter-inductor-")
+        try:
+            return self._run_with({**env, INDUCTOR_CACHE_ENV: cache}, timeout)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+
+    def _run_with(self, env: dict[str, str], timeout: float | None) -> Isolated:
+        read_fd, write_fd = os.pipe()
         args = [str(write_fd), str(self.board), str(os.getpid()), _HOME]
         try:
             proc = subprocess.Popen(

@@ -22,6 +22,7 @@ import torch
 from nan_hunter._nest import output_leaves
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import NOT_THE_MODELS, UserCodeError, first_line
+from nan_hunter.location import SourceLocation
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord, UnmeasuredGradient
 from nan_hunter.precision.heap import trim_heap
@@ -44,6 +45,9 @@ class PassResult:
     unseen: tuple[str, ...] = ()
     """Modules whose outputs were computed by ops the tracer did not see (``OpTracer.unseen``):
     nothing checked those ops' values."""
+    device_queries: tuple[tuple[str, SourceLocation], ...] = ()
+    """Where the user's forward asked which device it runs on (``OpTracer.device_queries``):
+    what it asked (``".is_cuda"``) and the line."""
     param_grads: dict[str, GradRecord] = field(default_factory=dict)
     """Per parameter name: what FP16 rounding did to its gradient (emulated backward only)."""
     gradients_finite: bool | None = None
@@ -165,6 +169,7 @@ def run_pass(
     backward: bool,
     numerics: contextlib.AbstractContextManager[Any] | None = None,
     half: bool = False,
+    fp32: bool = False,
     grad_scale: float = 1.0,
     gradients: GradientLog | None = None,
     count_all: bool = False,
@@ -172,7 +177,8 @@ def run_pass(
     """One traced forward + loss (+ backward) of ``model`` on ``batch``.
 
     ``precision`` wraps forward and loss (autocast and its policy), ``numerics`` wraps forward
-    and backward (the FP16 emulation); ``half`` runs model and batch in ``fmt``'s dtype. The
+    and backward (the FP16 emulation); ``half`` runs model and batch in ``fmt``'s dtype, ``fp32``
+    runs their FP16/BF16 tensors in FP32 (the reference pass of a model already in ``.half()``). The
     backward starts from ``loss * grad_scale``, as ``GradScaler.scale(loss)`` does; ``gradients``
     is the log ``numerics`` fills during it (per-parameter underflow is read from it).
 
@@ -185,7 +191,7 @@ def run_pass(
 
     with PassRunner(
         model, lambda: batch, loss_fn, fmt, _first_then_anew(precision), no_numerics,
-        backward=backward, half=half, count_all=count_all, retain_bytes=-1,
+        backward=backward, half=half, fp32=fp32, count_all=count_all, retain_bytes=-1,
         outer=_first_then_anew(numerics),
     ) as runner:  # fmt: skip
         return runner.run(grad_scale, gradients)
@@ -276,6 +282,7 @@ class PassRunner:
         *,
         backward: bool,
         half: bool = False,
+        fp32: bool = False,
         count_all: bool = False,
         retain_bytes: int | None = None,
         outer: Callable[[], contextlib.AbstractContextManager[Any] | None] | None = None,
@@ -292,6 +299,7 @@ class PassRunner:
         the caller analyses and ``recount``s; the loss-scale window's passes run without)."""
         self._precision, self._numerics, self._outer = precision, numerics, outer
         self._backward, self._half, self._count_all = backward, half, count_all
+        self._fp32 = fp32
         self._retain_bytes = RETAIN_BYTES if retain_bytes is None else retain_bytes
         self._forward: _TracedForward | None = None
         self._every_histogram = False
@@ -408,7 +416,8 @@ class PassRunner:
     ) -> _TracedForward:
         return _TracedForward(
             self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
-            half=self._half, count_all=self._count_all, depth=depth, backward=backward,
+            half=self._half, fp32=self._fp32, count_all=self._count_all, depth=depth,
+            backward=backward,
             every_histogram=self._every_histogram, exact_zeros=self._exact_zeros, traced=traced,
         )  # fmt: skip
 
@@ -443,6 +452,7 @@ class _TracedForward:
         numerics: Callable[[GradientLog | None], contextlib.AbstractContextManager[Any]],
         *,
         half: bool,
+        fp32: bool = False,
         count_all: bool,
         depth: int | None,
         backward: bool,
@@ -454,6 +464,7 @@ class _TracedForward:
 
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._numerics, self._half, self._backward = numerics, half, backward
+        self._fp32 = fp32
         self._every_histogram = every_histogram
         self._traced = traced
         """Whether the forward's ops are traced; without, it makes no events, and its graph is
@@ -498,6 +509,9 @@ class _TracedForward:
         if self._half:
             _to_dtype(model, self._fmt.dtype)
             batch = _batch_to(batch, self._fmt.dtype)
+        elif self._fp32:  # FP32 reference: FP16/BF16 weights (a model.half()) and inputs too
+            _to_dtype(model, torch.float32, only=_LOW_PRECISION)
+            batch = batch.map(lambda x: x.float() if x.dtype in _LOW_PRECISION else x)
         with modules, self._numerics(None), self._ops, precision:
             with _user_errors(modules, "forward"):
                 output = model(*batch.args, **batch.kwargs)  # passes the call on
@@ -563,6 +577,7 @@ class _TracedForward:
             backward_skipped=skipped,
             escaped=frozenset(tracer.escaped),
             unseen=tuple(tracer.unseen) if self._traced else (),
+            device_queries=tuple(tracer.device_queries.values()) if self._traced else (),
             param_grads=param_grads,
             gradients_finite=finite,
             estimated_zeros=tracer.estimated_zeros,
@@ -610,11 +625,17 @@ def _param_grads(
     }
 
 
-def _to_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Floating parameters and buffers to ``dtype`` in place (``ModelState`` restores them)."""
+_LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
+
+
+def _to_dtype(
+    model: torch.nn.Module, dtype: torch.dtype, only: frozenset[torch.dtype] | None = None
+) -> None:
+    """Floating parameters and buffers (of the dtypes ``only``, when given) to ``dtype`` in
+    place (``ModelState`` restores them)."""
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
-            if t.is_floating_point():
+            if t.is_floating_point() and (only is None or t.dtype in only):
                 t.data = t.data.to(dtype)
 
 

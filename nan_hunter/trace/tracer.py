@@ -13,6 +13,7 @@ instruction) and events are built from the resolved statistics when they are ask
 
 from __future__ import annotations
 
+import linecache
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
+from nan_hunter.trace.device_queries import device_query
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import SiteResolver, frame_origin
@@ -47,6 +49,9 @@ _VIEW_OPS = frozenset(
     }
 )  # fmt: skip
 
+
+_MODE_FRAMES = frozenset({"__torch_function__", "call_or_replay"})
+"""Frames of nan_hunter's own modes that pass a call on (seen between a call and its caller)."""
 
 _AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 
@@ -138,6 +143,8 @@ class OpTracer(TorchFunctionMode):
         self.in_loss = False
         """Set by the runner while the loss function runs."""
         self.escaped: set[int] = set()
+        self.device_queries: dict[tuple[str, int], tuple[str, SourceLocation]] = {}
+        """Where the user's forward asked which device it runs on (``x.is_cuda``), in order."""
         self.unseen: dict[str, None] = {}
         """Modules (in order) whose outputs an op computed that this mode never saw: an op
         run under ``torch._C.DisableTorchFunction()`` or from C++ code."""
@@ -235,9 +242,27 @@ class OpTracer(TorchFunctionMode):
             if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
                 out_tensors = [in_tensors[0]]
         if not out_tensors:
+            if in_tensors and not self.in_loss:
+                self._note_device_query(func)
             return out
         self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
         return out
+
+    def _note_device_query(self, func: Callable[..., Any]) -> None:
+        frame: Any = sys._getframe(2)  # the code that read the property or called the method
+        while (
+            frame is not None and frame.f_code.co_name in _MODE_FRAMES
+            and frame_origin(frame.f_code.co_filename) == "own"
+        ):
+            frame = frame.f_back  # another mode of ours stacked above this one
+        asked = device_query(func, frame)
+        if asked is not None:
+            where = SourceLocation(
+                file=frame.f_code.co_filename,
+                line=frame.f_lineno or 0,
+                code=linecache.getline(frame.f_code.co_filename, frame.f_lineno or 0).strip(),
+            )
+            self.device_queries.setdefault((where.file, where.line), (asked, where))
 
     def _record(
         self,

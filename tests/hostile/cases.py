@@ -405,6 +405,22 @@ HIDDEN_IN_A_SUBMODULE = (
 )
 """A hidden op in a submodule: the finding names it."""
 
+DEVICE_WRAPPER = model(
+    build="net = Net()\nnet.fc.weight.data.fill_(3e3)\nreturn net",
+    forward="with torch.autocast('cuda', enabled=x.is_cuda):  # FP32 on the CPU\n"
+    "    return (self.fc(x) @ self.fc(x).t()).sum()",
+)
+"""A model-file autocast wrapper that keeps CPU runs in FP32: the CUDA path overflows."""
+CPU_EARLY_RETURN = model(
+    forward="if x.device.type == 'cpu':\n    return self.fc(x).float()",
+)
+"""A forward that takes a CPU-only early return."""
+AUTOCAST_BY_DEVICE = model(
+    forward="with torch.autocast(device_type=x.device.type, enabled=False):\n"
+    "    return self.fc(x.float())",
+)
+"""Passing the device on to autocast is not a branch: clean."""
+
 
 CASES: list[Case] = [
     # --- text from the model in CI outputs and terminals -------------------------------------
@@ -460,6 +476,13 @@ CASES: list[Case] = [
     Case("ops-hidden-from-the-tracer-are-not-clean", (*SCAN, "--format", "json"), 1,
          files={"model.py": HIDDEN_MATMUL},
          check=_json_says(not_checked="ops the tracer did not see", backward=True)),
+    Case("autocast-wrapper-keeping-cpu-fp32-is-not-clean", (*SCAN, "--format", "json"), 1,
+         files={"model.py": DEVICE_WRAPPER},
+         check=_json_says(not_checked="the path a CUDA run takes", backward=True)),
+    Case("cpu-only-early-return-is-not-clean", SCAN, 1, files={"model.py": CPU_EARLY_RETURN},
+         check=_stdout_has("error[NH004] not_checked: the forward asked which device")),
+    Case("autocast-following-the-device-is-clean", SCAN, 0,
+         files={"model.py": AUTOCAST_BY_DEVICE}, check=_stdout_has("clean:")),
     Case("ops-hidden-in-a-submodule-name-it", SCAN, 1, files={"model.py": HIDDEN_IN_A_SUBMODULE},
          check=_stdout_has("error[NH003] not_checked: the output of gram was computed")),
     # --- writes: --fix, backups, -o and --patch never lose or clobber a file ----------------

@@ -1,0 +1,76 @@
+"""Recognise a model asking which device it runs on: ``x.is_cuda``, ``x.device.type``.
+
+nan-hunter predicts a CUDA run on a CPU. A forward that branches on the device (an early return
+for CPU, an autocast wrapper ``enabled=x.is_cuda``, ``torch.autocast(x.device.type)``) takes the
+CPU's path during the scan, not the one a CUDA run takes: the ops of that other path were never
+checked. The tracer sees these reads as torch functions (property getters included); this
+module tells them apart from the many harmless reads of ``x.device`` (``device=x.device``,
+``torch.autocast(x.device.type, ...)``): only a comparison of its type is a question.
+"""
+
+from __future__ import annotations
+
+import dis
+from collections.abc import Callable
+from functools import lru_cache
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+
+from nan_hunter.project import is_installed
+from nan_hunter.trace.source import frame_origin
+
+_ANSWERING_GETTERS = ((torch.Tensor.is_cuda, "is_cuda"), (torch.Tensor.is_cpu, "is_cpu"))
+"""Properties whose value is the answer "which device": any read of them is a device query."""
+_DEVICE_GETTER = torch.Tensor.device
+_GET_DEVICE = torch.Tensor.get_device
+
+
+def device_query(func: Callable[..., Any], frame: FrameType | None) -> str | None:
+    """What ``func``, called from ``frame``, asks about the device (``".is_cuda"``), or
+    ``None`` when it is not a device query or not made by the user's own project code."""
+    owner = getattr(func, "__self__", None)
+    answering = next((name for getter, name in _ANSWERING_GETTERS if owner is getter), None)
+    if answering is not None:
+        asked = f".{answering}"
+    elif func is _GET_DEVICE:
+        asked = ".get_device()"
+    elif owner is _DEVICE_GETTER and frame is not None and _compares_type(
+        frame.f_code, frame.f_lasti
+    ):
+        asked = ".device.type"
+    else:
+        return None
+    if frame is None:
+        return None
+    filename = frame.f_code.co_filename
+    if frame_origin(filename) != "user" or is_installed(filename):
+        return None
+    return asked
+
+
+@lru_cache(maxsize=4096)
+def _compares_type(code: CodeType, offset: int) -> bool:
+    """The instructions after ``offset`` in ``code`` read ``.type`` and compare it
+    (``x.device.type == "cuda"``, ``x.device.type in (...)``). Passing it on as it is
+    (``torch.autocast(device_type=x.device.type)``) asks nothing: that follows the device."""
+    instructions = list(dis.get_instructions(code))
+    for i, instruction in enumerate(instructions):
+        if instruction.offset != offset:
+            continue
+        after = instructions[i + 1 : i + 4]
+        if not after or after[0].opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+            return False
+        if after[0].argval != "type":
+            return False
+        rest = [a.opname for a in after[1:]]
+        return bool(rest) and (
+            rest[0] in _COMPARISONS
+            or (rest[0] in ("LOAD_CONST", "LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL")
+                and len(rest) > 1 and rest[1] in _COMPARISONS)
+        )
+    return False
+
+
+_COMPARISONS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP"})
