@@ -3,11 +3,12 @@ models (a culprit x how its operands arrive x autocast/half), each of which fail
 ``--fix-all`` runs on a copy of each.
 
 Never allowed: a fix the first scan labelled verified whose finding's op still fails after
-``--fix-all`` (``verified-but-failing``). The clean rate is held to the product goal,
-``CLEAN_TARGET``; the current fix search is below it, so that assertion is an expected failure
-(not strict) while the search is improved. The default suite runs a 12-model sample; the full
-set is ``@pytest.mark.slow``. ``python -m tests.fix_shapes.generator --report`` prints a line per
-model and the rates per culprit, arrival and mode.
+``--fix-all`` (``verified-but-failing``). The clean count may not fall below what the fix
+search reaches today (``SAMPLE_CLEAN_FLOOR``, ``FULL_CLEAN_FLOOR``: raise them as it improves);
+the product goal, ``CLEAN_TARGET``, is not reached yet (docs/fix_search.md lists what fails).
+The default suite runs a 12-model sample; the full set is ``@pytest.mark.slow``.
+``python -m tests.fix_shapes.generator --report`` prints a line per model and the rates per
+culprit, arrival and mode.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ from tests.fix_shapes.generator import (
 )
 
 CLEAN_TARGET = 0.95
+"""The goal: clean on 95% of the generated models (not reached: docs/fix_search.md)."""
+SAMPLE_CLEAN_FLOOR = 10
+"""Of the 12 sample models, at least this many end clean (today: 10)."""
+FULL_CLEAN_FLOOR = 290
+"""Of the 393 models, at least this many end clean (today: 290)."""
 FULL_VARIANTS = 3
 """Seeds per combination in the slow test (393 models, about 4 min on 2 cores)."""
-
-BELOW_TARGET = (
-    "the fix search is below the clean-rate goal on generated models (FP32 regions in half mode "
-    "that do not cast back, NH104 on an attribute, NH401 without an automatic fix...); "
-    "improved in parallel"
-)
 
 
 def _run_all(models: list[GeneratedModel], tmp_path: Path) -> list[Outcome]:
@@ -57,13 +57,13 @@ def _check_no_verified_but_failing(outcomes: list[Outcome]) -> None:
     assert not bad, "a fix labelled verified left its op failing:\n" + "\n".join(bad)
 
 
-def _check_clean_rate(outcomes: list[Outcome]) -> None:
+def _check_clean_count(outcomes: list[Outcome], floor: int) -> None:
     clean = sum(o.result == "clean" for o in outcomes)
-    rate = clean / len(outcomes)
-    if rate < CLEAN_TARGET:
-        lines = "\n".join(o.line() for o in outcomes if o.result != "clean")
-        pytest.xfail(f"{BELOW_TARGET}: clean {clean}/{len(outcomes)} ({rate:.0%}) < "
-                     f"{CLEAN_TARGET:.0%}\n{lines}")
+    lines = "\n".join(o.line() for o in outcomes if o.result != "clean")
+    assert clean >= floor, (
+        f"the fix search ends clean on {clean}/{len(outcomes)} generated models, fewer than "
+        f"the {floor} it reached (goal {CLEAN_TARGET:.0%}); not clean:\n{lines}"
+    )
 
 
 def test_the_sample_covers_every_culprit_arrival_and_mode() -> None:
@@ -105,10 +105,8 @@ def test_sample_no_verified_fix_leaves_its_op_failing(sample_outcomes: list[Outc
     _check_no_verified_but_failing(sample_outcomes)
 
 
-@pytest.mark.xfail(strict=False, reason=BELOW_TARGET)
-def test_sample_clean_rate(sample_outcomes: list[Outcome]) -> None:
-    _check_clean_rate(sample_outcomes)
-    assert sum(o.result == "clean" for o in sample_outcomes) / len(sample_outcomes) >= CLEAN_TARGET
+def test_sample_clean_count_does_not_fall(sample_outcomes: list[Outcome]) -> None:
+    _check_clean_count(sample_outcomes, SAMPLE_CLEAN_FLOOR)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +125,5 @@ def test_full_no_verified_fix_leaves_its_op_failing(full_outcomes: list[Outcome]
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=BELOW_TARGET)
-def test_full_clean_rate(full_outcomes: list[Outcome]) -> None:
-    _check_clean_rate(full_outcomes)
-    assert sum(o.result == "clean" for o in full_outcomes) / len(full_outcomes) >= CLEAN_TARGET
+def test_full_clean_count_does_not_fall(full_outcomes: list[Outcome]) -> None:
+    _check_clean_count(full_outcomes, FULL_CLEAN_FLOOR)

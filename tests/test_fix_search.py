@@ -520,7 +520,8 @@ def test_half_mode_region_ending_in_return_casts_the_returned_value_back(
     body: str, tmp_path: Path
 ) -> None:
     """Under model.half() the parent's next Linear has FP16 weights: the FP32 value a region
-    returns must be cast back, at the return, once the return brings it back in range."""
+    returns must be cast back, at the return, once the return brings it back in range, to the
+    dtype the model runs in."""
     from nan_hunter.config import load_settings
 
     path = tmp_path / "model.py"
@@ -529,7 +530,9 @@ def test_half_mode_region_ending_in_return_casts_the_returned_value_back(
     assert finding.fix is not None
     chosen = _chosen(finding.fix)
     assert chosen is not None, finding.fix
-    assert ".to(torch.float16)" in (chosen.diff or ""), chosen.diff
+    # cast back to the dtype of an input the region upcast: FP16 under model.half(), FP32 in
+    # an FP32 run of the same code (a hard-coded torch.float16 breaks that run's next Linear)
+    assert ".to(h.dtype)" in (chosen.diff or ""), chosen.diff
 
 
 # --- the finfo bound: named constants, parenthesised receivers --------------------------------

@@ -267,6 +267,14 @@ def _patch_text(
                         source, operand, fp32_names, numbers, torch_names, fp32_modules=False
                     ))
             fp32_names = fp32_names | _assigned_names(stmt)
+    # The cast back follows the model's dtype rather than naming it: an input the region
+    # upcast, still holding its value at the end (``.to(h.dtype)``), is FP16 under
+    # ``model.half()`` and FP32 in an FP32 run of the same code (the re-scan's reference pass,
+    # an evaluation in FP32); without such an input, the dtype itself.
+    back = cast_back
+    if cast_back is not None:
+        back = _dtype_of_an_input(source, located.block[first_index : last_index + 1], edits)
+        back = cast_back if back is None else back
     last_stmt = located.block[last_index]
     brought_back_elsewhere = any(
         (consumer := _locate(tree.body, line)) is None or consumer.block is not located.block
@@ -285,9 +293,9 @@ def _patch_text(
         value = last_stmt.value
         start, end = source.span(value)
         if isinstance(value, _ATOMIC_OPERANDS):
-            edits = [_Edit(end, end, f".to({cast_back})"), *edits]
+            edits = [_Edit(end, end, f".to({back})"), *edits]
         else:
-            edits = [_Edit(end, end, f").to({cast_back})"), *edits, _Edit(start, start, "(")]
+            edits = [_Edit(end, end, f").to({back})"), *edits, _Edit(start, start, "(")]
     lines = split_lines(_apply_edits(text, edits))
     if len(lines) != len(source.lines):
         return None
@@ -300,7 +308,7 @@ def _patch_text(
         # into range.
         newline = _newline_of(source.lines)
         rest = located.block[last_index + 1 :]
-        casts_after = [(last_line, indent, _cast_back_names(region, rest))]
+        casts_after = [(last_line, indent, _cast_back_names(region, rest), back)]
         for line in consumer_lines:
             consumer = _locate(tree.body, line)
             if consumer is None or consumer.block is located.block:
@@ -310,12 +318,10 @@ def _patch_text(
             later = consumer.block[consumer.index + 1 :]
             casts_after.append(
                 (end, _leading_indent(source, consumer.stmt),
-                 _cast_back_names([consumer.stmt], later))
+                 _cast_back_names([consumer.stmt], later), cast_back)  # another scope
             )
-        for after, at_indent, live in sorted(casts_after, key=lambda c: c[0], reverse=True):
-            casts = "".join(
-                f"{at_indent}{name} = {name}.to({cast_back}){newline}" for name in live
-            )
+        for after, at_indent, live, to in sorted(casts_after, key=lambda c: c[0], reverse=True):
+            casts = "".join(f"{at_indent}{name} = {name}.to({to}){newline}" for name in live)
             if casts:
                 _insert_line(lines, after, casts, newline)
         return "".join(lines), first_line, last_line
@@ -723,6 +729,45 @@ def _is_constant(expr: ast.expr) -> bool:
     if isinstance(expr, ast.UnaryOp):
         return _is_constant(expr.operand)
     return isinstance(expr, _NOT_TENSORS)
+
+
+def _dtype_of_an_input(
+    source: SourcePositions, region: Sequence[ast.stmt], edits: Sequence[_Edit]
+) -> str | None:
+    """``"h.dtype"`` for the first name (or ``self`` attribute) the region upcasts
+    (``h.float()``) that no statement of the region assigns; else for the input ``x`` of a
+    module call the region upcasts (``self.fc(x).float()``: in a ``model.half()`` forward its
+    input has the model's dtype); else ``None``."""
+    upcast_at = {e.start for e in edits if e.start == e.end and e.replacement == ".float()"}
+    assigned: set[str] = set()
+    for stmt in region:
+        for node in ast.walk(stmt):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr)):
+                targets = [node.target]
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                targets = [node.optional_vars]
+            assigned.update(d for t in targets for n in ast.walk(t) if (d := _dotted(n)))
+    for stmt in region:
+        for node in ast.walk(stmt):
+            name = _dotted(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+            if name is None or name.count(".") > 1 or name in assigned:
+                continue
+            if "." in name and not name.startswith("self."):
+                continue
+            if source.span(node)[1] in upcast_at:
+                return f"{name}.dtype"
+    for stmt in region:  # else the input of a module the region calls upcast: ``self.fc(x)``
+        for node in ast.walk(stmt):
+            if (
+                isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)
+                and (called := _dotted(node.func)) is not None and called.startswith("self.")
+                and source.span(node)[1] in upcast_at and node.args[0].id not in assigned
+            ):
+                return f"{node.args[0].id}.dtype"
+    return None
 
 
 def _assigned_names(stmt: ast.stmt) -> set[str]:
