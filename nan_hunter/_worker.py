@@ -120,7 +120,10 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main() -> None:
+    from nan_hunter.descendants import become_subreaper, descendants, kill_all
+
     _die_with_parent(int(sys.argv[3]))
+    become_subreaper()  # what the model starts in a session of its own stays below this one
     if os.environ.get("NAN_HUNTER_DEBUG"):
         import faulthandler
 
@@ -162,6 +165,7 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # the model may have replaced or closed them
         with contextlib.suppress(Exception):
             stream.flush()
+    kill_all(descendants(os.getpid()))  # the model's helpers end with the scan
     os._exit(0)  # skip interpreter teardown (atexit handlers of the user's code ran their course)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from nan_hunter._worker import NOTE_BYTES, describe, read_notes
+from nan_hunter.descendants import descendants, kill_all
 from nan_hunter.errors import NanHunterError
 from nan_hunter.progress import listening
 
@@ -291,11 +292,14 @@ class _Child:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the scan process and whatever it started (its own session)."""
+    """Stop the scan process and whatever it started: its session, and the processes below
+    it by parentage (a helper the model started in a session of its own)."""
+    below = descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
+    kill_all(below)
     proc.wait()
 
 

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.location", "nan_hunter.project", "nan_hunter.batch",
         "nan_hunter.config", "nan_hunter.options", "nan_hunter.discovery",
         "nan_hunter.targets", "nan_hunter.safe_write", "nan_hunter.choices",
-        "nan_hunter.untrusted", "nan_hunter.shared_patch",
+        "nan_hunter.untrusted", "nan_hunter.shared_patch", "nan_hunter.descendants",
     )),
     ("precision/trace", ("nan_hunter.precision", "nan_hunter.trace")),
     ("load/run", ("nan_hunter.loader", "nan_hunter.runner")),

@@ -213,6 +213,14 @@ def _sleeper_stopped(folder: Path, result: Any) -> None:
         time.sleep(0.1)
 
 
+def _sleeper_gone(folder: Path, result: Any) -> None:
+    pid = int((folder / "sleeper.pid").read_text())
+    deadline = time.monotonic() + 10
+    while not gone(pid):
+        assert time.monotonic() < deadline, "a process the model started outlived the scan"
+        time.sleep(0.1)
+
+
 def _dev_null_intact(folder: Path, result: Any) -> None:
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
@@ -743,6 +751,25 @@ CASES: list[Case] = [
                                        "P = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
                                        "open('sleeper.pid', 'w').write(str(P.pid))\n")},
          child=True, written=frozenset({"sleeper.pid"}), check=_sleeper_stopped),
+    Case("new-session-helper-left-running", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="import subprocess\n"
+                                       "P = subprocess.Popen(['sleep', '60'], "
+                                       "start_new_session=True)\n"
+                                       "open('sleeper.pid', 'w').write(str(P.pid))\n")},
+         child=True, written=frozenset({"sleeper.pid"}), check=_sleeper_stopped),
+    Case("daemonised-helper-left-running", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="import subprocess\n"
+                                       "subprocess.run(['sh', '-c', 'setsid sleep 60 & "
+                                       "echo $! > sleeper.pid'], check=True)\n")},
+         child=True, written=frozenset({"sleeper.pid"}), check=_sleeper_stopped),
+    Case("new-session-helper-stopped-by-timeout", (*SCAN, "--timeout", "3"), 2,
+         r"did not finish within 3 s \(--timeout\) and was stopped",
+         files={"model.py": model(top="import subprocess, time\n"
+                                       "P = subprocess.Popen(['sleep', '60'], "
+                                       "start_new_session=True)\n"
+                                       "open('sleeper.pid', 'w').write(str(P.pid))\n",
+                                  forward="time.sleep(60)")},
+         child=True, written=frozenset({"sleeper.pid"}), check=_sleeper_gone),
     Case("infinite-recursion-in-forward", SCAN, 2,
          r"RecursionError while running the model's forward|RecursionError",
          files={"model.py": model(forward="return self.forward(x)")}),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -52,6 +53,7 @@ def test_the_users_anomaly_mode_is_restored() -> None:
     assert [f.code for f in report.findings] == ["NH401"]
 
 
+@pytest.mark.slow
 def test_steps_find_the_breaking_step_with_anomaly_detection_on(work: Path) -> None:
     """At 9edd299: 'RuntimeError in the backward of training step 11: Function
     'AddmmBackward0' returned nan values in its 0th output.' (exit 2)."""

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _PROGRAM = """
@@ -31,6 +33,7 @@ print("torch imported" if "torch" in sys.modules else "no torch", *codes)
 """
 
 
+@pytest.mark.slow
 def test_rendering_a_report_does_not_import_torch_in_the_command_line_process() -> None:
     env = {k: v for k, v in os.environ.items() if k != "NAN_HUNTER_IN_PROCESS"}
     env["PYTHONPATH"] = str(ROOT)

@@ -12,6 +12,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [(), ("--steps", "2")], ids=["scan", "steps"])
 def test_a_scan_leaves_the_temporary_folder_as_it_found_it(
     args: tuple[str, ...], tmp_path: Path
