@@ -107,6 +107,30 @@ def describe(stage: str, module: str) -> str:
     return module or stage
 
 
+PIPE_LOST = "the model's code closed the descriptors of nan-hunter's result pipe"
+"""The stage the scan process leaves on the note board when it cannot send its result."""
+PIPE_LOST_STATUS = 121
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """(device, inode) of what ``fd`` refers to now, or None when it is closed."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _spare(fd: int) -> int:
+    """A duplicate of ``fd`` at a high number (-1 when none can be made)."""
+    try:
+        import fcntl
+
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1000)
+    except (OSError, ImportError, AttributeError):
+        return -1
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux: the kernel kills this process when the CLI dies (SIGTERM/SIGKILL from CI), though
     it runs in a session of its own."""
@@ -129,7 +153,9 @@ def main() -> None:
 
         faulthandler.enable()  # a crash in native code prints the Python stack (after our line)
     quiet_torch_numpy_warning()
-    channel = os.fdopen(int(sys.argv[1]), "wb")
+    channel_fd = int(sys.argv[1])
+    pipe = _identity(channel_fd)
+    spare = _spare(channel_fd)  # a copy far above the usual os.closerange(3, 256)
     board = NoteBoard(int(sys.argv[2]))
     func, arg = pickle.load(sys.stdin.buffer)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -157,6 +183,12 @@ def main() -> None:
     except BaseException as exc:
         message = ("internal", _summary(exc), traceback.format_exc())
     activity.listen(None)
+    live = next((fd for fd in (channel_fd, spare) if fd >= 0 and _identity(fd) == pipe), None)
+    if live is None:  # the model closed (or reused) every descriptor of our result pipe
+        board.stage(PIPE_LOST)
+        kill_all(descendants(os.getpid()))
+        os._exit(PIPE_LOST_STATUS)
+    channel = os.fdopen(live, "wb")
     try:
         send(channel, message)
     except Exception as exc:

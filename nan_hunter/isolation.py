@@ -34,7 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from nan_hunter._worker import NOTE_BYTES, describe, read_notes
+from nan_hunter._worker import (
+    NOTE_BYTES,
+    PIPE_LOST,
+    PIPE_LOST_STATUS,
+    describe,
+    read_notes,
+)
 from nan_hunter.descendants import descendants, kill_all
 from nan_hunter.errors import NanHunterError
 from nan_hunter.progress import listening
@@ -236,6 +242,13 @@ class _Child:
                 self.out.write(final[2])
             raise IsolationError(
                 f"internal error: {final[1]} (use --debug for a traceback)", self._tail()
+            )
+        if status == PIPE_LOST_STATUS and read_notes(self.board)[0] == PIPE_LOST:
+            raise IsolationError(
+                f"{PIPE_LOST} (os.closerange() or os.close() on descriptors it did not open), "
+                "so the scan's result could not be sent back; nothing was scanned. Close only "
+                "the files the model opens",
+                self._tail(),
             )
         if status < 0:
             raise IsolationError(f"{_signal_text(-status)}{self._where()}", self._tail())

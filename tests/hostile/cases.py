@@ -751,6 +751,13 @@ CASES: list[Case] = [
                                        "P = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
                                        "open('sleeper.pid', 'w').write(str(P.pid))\n")},
          child=True, written=frozenset({"sleeper.pid"}), check=_sleeper_stopped),
+    Case("model-closes-inherited-descriptors-below-256", (*SCAN, "--format", "json"), 0,
+         files={"model.py": model(top="import os\nos.closerange(3, 256)\n")}, child=True,
+         check=_valid_json),
+    Case("model-closes-every-inherited-descriptor", SCAN, 2,
+         r"^nan-hunter: error: the model's code closed the descriptors of nan-hunter's result "
+         r"pipe \(os.closerange\(\) or os.close\(\) on descriptors it did not open\)",
+         files={"model.py": model(top="import os\nos.closerange(3, 1 << 16)\n")}, child=True),
     Case("new-session-helper-left-running", (*SCAN, "--format", "json"), 0,
          files={"model.py": model(top="import subprocess\n"
                                        "P = subprocess.Popen(['sleep', '60'], "
