@@ -27,6 +27,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord, UnmeasuredGradient
 from nan_hunter.precision.heap import trim_heap
 from nan_hunter.trace.deferred import StaleStatistics
+from nan_hunter.trace.device_queries import CudaQueries
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import frame_origin, own_module_path
@@ -512,7 +513,10 @@ class _TracedForward:
         elif self._fp32:  # FP32 reference: FP16/BF16 weights (a model.half()) and inputs too
             _to_dtype(model, torch.float32, only=_LOW_PRECISION)
             batch = batch.map(lambda x: x.float() if x.dtype in _LOW_PRECISION else x)
-        with modules, self._numerics(None), self._ops, precision:
+        queries = (
+            CudaQueries(tracer.note_cuda_query) if self._traced else contextlib.nullcontext()
+        )
+        with modules, self._numerics(None), self._ops, precision, queries:
             with _user_errors(modules, "forward"):
                 output = model(*batch.args, **batch.kwargs)  # passes the call on
             tracer.in_loss = True

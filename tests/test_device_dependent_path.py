@@ -3,6 +3,7 @@ predicts a CUDA run; the report says the CUDA path was not checked, never that i
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
 from nan_hunter.config import load_settings
+from nan_hunter.errors import NanHunterError
 
 MODEL = textwrap.dedent(
     """\
@@ -43,23 +45,29 @@ ASKING = {
     "autocast wrapper enabled=x.is_cuda": (
         "with torch.autocast('cuda', enabled=x.is_cuda):\n"
         "            return self.fc(x).sum()",
-        "is_cuda",
+        ".is_cuda",
     ),
     "CPU-only early return by device.type": (
         "if x.device.type == 'cpu':\n"
         "            return self.fc(x).sum()\n"
         "        return (self.fc(x) * 1e6).exp().sum()",
-        "device.type",
+        ".device.type",
     ),
     "autocast wrapper enabled=x.device.type == 'cuda'": (
         "with torch.autocast('cuda', enabled=x.device.type == 'cuda'):\n"
         "            return self.fc(x).sum()",
-        "device.type",
+        ".device.type",
     ),
-    "is_cpu": ("return self.fc(x).sum() if x.is_cpu else self.fc(x).exp().sum()", "is_cpu"),
+    "is_cpu": ("return self.fc(x).sum() if x.is_cpu else self.fc(x).exp().sum()", ".is_cpu"),
+    "CPU-only early return by torch.cuda.is_available()": (
+        "if not torch.cuda.is_available():\n"
+        "            return self.fc(x).sum()\n"
+        "        return (self.fc(x) * 1e6).exp().sum()",
+        "torch.cuda.is_available()",
+    ),
     "get_device": (
         "return self.fc(x).sum() if x.get_device() < 0 else self.fc(x).exp().sum()",
-        "get_device()",
+        ".get_device()",
     ),
 }
 
@@ -92,11 +100,12 @@ def test_a_device_query_in_the_forward_is_reported_as_not_checked(
     finding = found[0]
     assert finding.severity.value == "error"
     assert finding.location is not None and finding.location.line == 11
-    assert f"`.{asked}`" in finding.message
+    assert f"`{asked}`" in finding.message
     assert "a CUDA run may take a path this scan did not run" in finding.message
     assert report.status != "clean"
     (note,) = report.target.unchecked
-    assert note == f"the path a CUDA run takes: the forward asked {asked} at model.py:11"
+    expected = asked.lstrip(".")
+    assert note == f"the path a CUDA run takes: the forward asked {expected} at model.py:11"
 
 
 @pytest.mark.parametrize("shape", NOT_ASKING, ids=list(NOT_ASKING))
@@ -139,3 +148,14 @@ def test_the_cli_shows_the_unchecked_cuda_path_and_fails(tmp_path: Path) -> None
     assert "clean:" not in result.stdout
     ignored = CliRunner().invoke(app, ["scan", str(path), "--ignore", "NH004"])
     assert ignored.exit_code == 0, ignored.stdout
+
+
+@pytest.mark.parametrize("body", ["return self.fc(x).sum()", "raise ValueError('boom')"])
+def test_torch_cuda_queries_are_put_back_after_a_scan(body: str, tmp_path: Path) -> None:
+    import torch
+
+    originals = (torch.cuda.is_available, torch.cuda.device_count)
+    path = _write(tmp_path, body)
+    with contextlib.suppress(NanHunterError):  # the model's error: the functions come back
+        scan_file(str(path), load_settings())
+    assert (torch.cuda.is_available, torch.cuda.device_count) == originals

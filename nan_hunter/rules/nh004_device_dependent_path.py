@@ -23,7 +23,7 @@ class DeviceDependentPath(SiteRule):
 ## What
 The scan predicts a CUDA run on a machine without one: it runs the forward on the CPU under
 CUDA's autocast policy. This forward asked which device it runs on (`x.is_cuda`, `x.is_cpu`,
-`x.get_device()`, `x.device.type`) and got the CPU's answer.
+`x.get_device()`, `x.device.type`, `torch.cuda.is_available()`) and got the CPU's answer.
 
 ## Why
 Code that asks usually chooses by the answer: an early return for the CPU, an autocast

@@ -11,6 +11,8 @@ module tells them apart from the many harmless reads of ``x.device`` (``device=x
 from __future__ import annotations
 
 import dis
+import sys
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from types import CodeType, FrameType
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from nan_hunter.project import is_installed
+from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.trace.source import frame_origin
 
 _ANSWERING_GETTERS = ((torch.Tensor.is_cuda, "is_cuda"), (torch.Tensor.is_cpu, "is_cpu"))
@@ -74,3 +77,59 @@ def _compares_type(code: CodeType, offset: int) -> bool:
 
 
 _COMPARISONS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP"})
+
+
+_LISTENERS = threading.local()
+"""Per thread: the callback of the traced pass running in it, for ``torch.cuda`` queries."""
+
+
+def _asking(original: Callable[..., Any], asked: str) -> Callable[..., Any]:
+    def asking(*args: Any, **kwargs: Any) -> Any:
+        listener = getattr(_LISTENERS, "current", None)
+        if listener is not None:
+            frame = sys._getframe(1)
+            filename = frame.f_code.co_filename
+            if frame_origin(filename) == "user" and not is_installed(filename):
+                listener(asked, frame)
+        return original(*args, **kwargs)  # passes the call on
+
+    return asking
+
+
+CUDA_QUERIES = (
+    SharedPatch(torch.cuda, "is_available",
+                lambda fn: _asking(fn, "torch.cuda.is_available()")),
+    SharedPatch(torch.cuda, "device_count", lambda fn: _asking(fn, "torch.cuda.device_count()")),
+)
+"""``torch.cuda``'s own answers to "is there a GPU", which a forward may branch on as well."""
+
+
+class CudaQueries:
+    """While open (in this thread), ``torch.cuda.is_available()`` and ``device_count()`` called
+    from the user's project code are passed to ``listener(asked, frame)``; the functions are
+    replaced once for every thread (``SharedPatch``) and put back when the last one closes."""
+
+    def __init__(self, listener: Callable[[str, FrameType], None]) -> None:
+        self._listener = listener
+        self._held: list[SharedPatch] = []
+        self._previous: Any = None
+
+    def __enter__(self) -> CudaQueries:
+        try:
+            for patch in CUDA_QUERIES:
+                patch.acquire()
+                self._held.append(patch)
+        except BaseException:
+            self._release()
+            raise
+        self._previous = getattr(_LISTENERS, "current", None)
+        _LISTENERS.current = self._listener
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _LISTENERS.current = self._previous
+        self._release()
+
+    def _release(self) -> None:
+        while self._held:
+            self._held.pop().release()

@@ -248,6 +248,19 @@ class OpTracer(TorchFunctionMode):
         self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
         return out
 
+    def note_cuda_query(self, asked: str, frame: Any) -> None:
+        """``torch.cuda.is_available()`` (or ``device_count()``) called by the user's code."""
+        if not self._paused and not self.in_loss:
+            self._add_device_query(asked, frame)
+
+    def _add_device_query(self, asked: str, frame: Any) -> None:
+        where = SourceLocation(
+            file=frame.f_code.co_filename,
+            line=frame.f_lineno or 0,
+            code=linecache.getline(frame.f_code.co_filename, frame.f_lineno or 0).strip(),
+        )
+        self.device_queries.setdefault((where.file, where.line), (asked, where))
+
     def _note_device_query(self, func: Callable[..., Any]) -> None:
         frame: Any = sys._getframe(2)  # the code that read the property or called the method
         while (
@@ -257,12 +270,7 @@ class OpTracer(TorchFunctionMode):
             frame = frame.f_back  # another mode of ours stacked above this one
         asked = device_query(func, frame)
         if asked is not None:
-            where = SourceLocation(
-                file=frame.f_code.co_filename,
-                line=frame.f_lineno or 0,
-                code=linecache.getline(frame.f_code.co_filename, frame.f_lineno or 0).strip(),
-            )
-            self.device_queries.setdefault((where.file, where.line), (asked, where))
+            self._add_device_query(asked, frame)
 
     def _record(
         self,
