@@ -758,6 +758,11 @@ CASES: list[Case] = [
          r"^nan-hunter: error: the model's code closed the descriptors of nan-hunter's result "
          r"pipe \(os.closerange\(\) or os.close\(\) on descriptors it did not open\)",
          files={"model.py": model(top="import os\nos.closerange(3, 1 << 16)\n")}, child=True),
+    Case("model-already-half-gets-its-fp32-reference", SCAN, 1,
+         files={"model.py": model(build="net = Net()\nnet.fc.weight.data.fill_(900.0)\n"
+                                        "return net.half()",
+                                  batch="torch.full((2, 4), 30.0)")},
+         check=_stdout_has("a precision problem")),
     Case("new-session-helper-left-running", (*SCAN, "--format", "json"), 0,
          files={"model.py": model(top="import subprocess\n"
                                        "P = subprocess.Popen(['sleep', '60'], "

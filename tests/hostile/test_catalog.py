@@ -19,7 +19,7 @@ runner = CliRunner()
 
 
 def test_the_catalog_is_large_and_names_are_unique() -> None:
-    assert len(CASES) >= 157
+    assert len(CASES) >= 158
     assert len({c.name for c in CASES}) == len(CASES)
 
 
