@@ -36,6 +36,7 @@ from nan_hunter.fixes.source import (
     SourcePositions,
     compiles,
     decode_source,
+    dotted_name,
     split_lines,
 )
 
@@ -749,10 +750,10 @@ def _dtype_of_an_input(
                 targets = [node.target]
             elif isinstance(node, ast.withitem) and node.optional_vars is not None:
                 targets = [node.optional_vars]
-            assigned.update(d for t in targets for n in ast.walk(t) if (d := _dotted(n)))
+            assigned.update(d for t in targets for n in ast.walk(t) if (d := dotted_name(n)))
     for stmt in region:
         for node in ast.walk(stmt):
-            name = _dotted(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+            name = dotted_name(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
             if name is None or name.count(".") > 1 or name in assigned:
                 continue
             if "." in name and not name.startswith("self."):
@@ -763,7 +764,7 @@ def _dtype_of_an_input(
         for node in ast.walk(stmt):
             if (
                 isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)
-                and (called := _dotted(node.func)) is not None and called.startswith("self.")
+                and (called := dotted_name(node.func)) is not None and called.startswith("self.")
                 and source.span(node)[1] in upcast_at and node.args[0].id not in assigned
             ):
                 return f"{node.args[0].id}.dtype"
@@ -1002,7 +1003,7 @@ def python_numbers(tree: ast.Module, line: int) -> set[str]:
                 continue
             is_number = _is_number_expr(value, kinds)
             for target in targets:
-                name = _dotted(target)
+                name = dotted_name(target)
                 if name is not None and (isinstance(scope, ast.Module) or name.startswith(
                     "self.") or not isinstance(scope, ast.ClassDef)
                 ):
@@ -1052,17 +1053,9 @@ def _is_number_expr(expr: ast.expr, known: Mapping[str, bool]) -> bool:
                 _is_number_expr(a, known) for a in expr.args
             )
         return False
-    name = _dotted(expr)
+    name = dotted_name(expr)
     return name is not None and known.get(name, False)
 
-
-def _dotted(expr: ast.expr) -> str | None:
-    """``bsz``, ``self.scale``; None for anything else."""
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
-        return f"{expr.value.id}.{expr.attr}"
-    return None
 
 
 def _outermost_binops(stmt: ast.stmt) -> list[ast.BinOp]:

@@ -13,7 +13,13 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from nan_hunter.fixes.source import SourceError, SourcePositions, compiles, read_source
+from nan_hunter.fixes.source import (
+    SourceError,
+    SourcePositions,
+    compiles,
+    dotted_name,
+    read_source,
+)
 
 _SIGMOIDS = frozenset({"sigmoid"})
 
@@ -93,7 +99,7 @@ def finfo_limit(path: Path, line: int, value: float) -> str | None:
         found = _constant_value(expr)
         if found is not None:
             return _same(found, value)
-        return _dotted_name(expr) in named
+        return dotted_name(expr) in named
 
     for node in _on_line(tree, line):
         tensor: ast.expr | None = None
@@ -139,18 +145,11 @@ def _named_constants(tree: ast.Module, line: int, value: float) -> set[str]:
         found = _constant_value(node.value)
         same = found is not None and _same(found, value)
         for target in targets:
-            name = _dotted_name(target)
+            name = dotted_name(target)
             if name is not None:
                 assigned[name] = assigned.get(name, True) and same
     return {name for name, same in assigned.items() if same}
 
-
-def _dotted_name(expr: ast.expr) -> str | None:
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
-        return f"{expr.value.id}.{expr.attr}"
-    return None
 
 
 def scalar_literal(path: Path, line: int, value: float, new_literal: str) -> str | None:

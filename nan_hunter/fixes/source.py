@@ -120,3 +120,12 @@ def compiles(text: str, filename: str = "<patched>") -> bool:
         except (SyntaxError, ValueError):
             return False
     return True
+
+
+def dotted_name(expr: ast.expr) -> str | None:
+    """``bsz``, ``self.scale``: a name or an attribute of a name; None for anything else."""
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return f"{expr.value.id}.{expr.attr}"
+    return None

@@ -204,21 +204,17 @@ def gone(pid: int) -> bool:
     return status.exists() and "zombie" in status.read_text()
 
 
-def _sleeper_stopped(folder: Path, result: Any) -> None:
-    json.loads(result.stdout)
-    pid = int((folder / "sleeper.pid").read_text())
-    deadline = time.monotonic() + 10
-    while not gone(pid):
-        assert time.monotonic() < deadline, "a process the model started outlived the scan"
-        time.sleep(0.1)
-
-
 def _sleeper_gone(folder: Path, result: Any) -> None:
     pid = int((folder / "sleeper.pid").read_text())
     deadline = time.monotonic() + 10
     while not gone(pid):
         assert time.monotonic() < deadline, "a process the model started outlived the scan"
         time.sleep(0.1)
+
+
+def _sleeper_stopped(folder: Path, result: Any) -> None:
+    json.loads(result.stdout)
+    _sleeper_gone(folder, result)
 
 
 def _dev_null_intact(folder: Path, result: Any) -> None:
