@@ -30,6 +30,17 @@ _DEVICE_GETTER = torch.Tensor.device
 _GET_DEVICE = torch.Tensor.get_device
 
 
+_ASKING_IDS = frozenset(
+    {id(getter) for getter, _ in _ANSWERING_GETTERS} | {id(_DEVICE_GETTER)}
+)
+
+
+def may_ask_device(func: Callable[..., Any]) -> bool:
+    """Cheap first test, by identity (the tracer sees every ``x.shape``): ``func`` is one of
+    the getters or methods ``device_query`` looks at."""
+    return func is _GET_DEVICE or id(getattr(func, "__self__", None)) in _ASKING_IDS
+
+
 def device_query(func: Callable[..., Any], frame: FrameType | None) -> str | None:
     """What ``func``, called from ``frame``, asks about the device (``".is_cuda"``), or
     ``None`` when it is not a device query or not made by the user's own project code."""

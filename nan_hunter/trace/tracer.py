@@ -33,7 +33,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
-from nan_hunter.trace.device_queries import device_query
+from nan_hunter.trace.device_queries import device_query, may_ask_device
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.source import SiteResolver, frame_origin
@@ -242,7 +242,7 @@ class OpTracer(TorchFunctionMode):
             if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
                 out_tensors = [in_tensors[0]]
         if not out_tensors:
-            if in_tensors and not self.in_loss:
+            if in_tensors and not self.in_loss and may_ask_device(func):
                 self._note_device_query(func)
             return out
         self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
