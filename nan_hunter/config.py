@@ -92,6 +92,10 @@ class Settings:
             return self.device
         return "cuda" if torch.cuda.is_available() else "cpu"
 
+    def predicts_another_device(self) -> bool:
+        """The scan predicts a run on a device it does not run on (CUDA, on a CPU)."""
+        return self.policy not in ("native", self.resolved_device())
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "sources"}
 

@@ -113,7 +113,7 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         unchecked.append(f"ops the tracer did not see computed the output of {low.unseen[0]}"
                          + (f" and {len(low.unseen) - 1} more modules" if len(low.unseen) > 1
                             else ""))
-    if low.device_queries and settings.policy not in ("native", device):
+    if low.device_queries and settings.predicts_another_device():
         asked, where = low.device_queries[0]
         unchecked.append(f"the path a {settings.policy.upper()} run takes: the forward asked "
                          f"{asked.lstrip('.')} at {Path(where.file).name}:{where.line}")

@@ -512,7 +512,7 @@ class _TracedForward:
             batch = _batch_to(batch, self._fmt.dtype)
         elif self._fp32:  # FP32 reference: FP16/BF16 weights (a model.half()) and inputs too
             _to_dtype(model, torch.float32, only=_LOW_PRECISION)
-            batch = batch.map(lambda x: x.float() if x.dtype in _LOW_PRECISION else x)
+            batch = _batch_to(batch, torch.float32, only=_LOW_PRECISION)
         queries = (
             CudaQueries(tracer.note_cuda_query) if self._traced else contextlib.nullcontext()
         )
@@ -643,8 +643,14 @@ def _to_dtype(
                 t.data = t.data.to(dtype)
 
 
-def _batch_to(batch: Batch, dtype: torch.dtype) -> Batch:
-    return batch.map(lambda x: x.to(dtype) if x.is_floating_point() else x)
+def _batch_to(
+    batch: Batch, dtype: torch.dtype, only: frozenset[torch.dtype] | None = None
+) -> Batch:
+    """The batch's floating tensors (of the dtypes ``only``, when given) in ``dtype``."""
+    return batch.map(
+        lambda x: x.to(dtype) if x.is_floating_point() and (only is None or x.dtype in only)
+        else x
+    )
 
 
 def _describe(value: Any) -> str:

@@ -6,12 +6,6 @@ from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severi
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
 
 
-def emulates_another_device(scan: ScanEvidence) -> bool:
-    """The scan predicts a run on a device it is not running on (CUDA, predicted on a CPU)."""
-    policy = scan.settings.policy
-    return policy != "native" and policy != scan.settings.resolved_device()
-
-
 @register
 class DeviceDependentPath(SiteRule):
     code = "NH004"
@@ -51,7 +45,7 @@ tensor's device), or scan on a CUDA machine (`--device cuda`). No automatic fix.
 
     def detect(self, scan: ScanEvidence) -> list[Finding]:
         low = scan.low
-        if low is None or not low.device_queries or not emulates_another_device(scan):
+        if low is None or not low.device_queries or not scan.settings.predicts_another_device():
             return []
         asked, where = low.device_queries[0]
         more = len(low.device_queries) - 1
