@@ -5,6 +5,7 @@ to classify it (``Candidate``), and the whole scan for rules that find their own
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nan_hunter.batch import Batch
 from nan_hunter.config import Settings
@@ -13,6 +14,9 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import GradEvent, OpEvent
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -95,3 +99,5 @@ class ScanEvidence:
     window: ScaleWindow | None = None
     scale: float = 1.0
     """The loss scale the low-precision backward ran with."""
+    model: torch.nn.Module | None = None
+    """The model as the user gave it (restored after the passes)."""

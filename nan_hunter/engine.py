@@ -149,7 +149,9 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
-    site = _detected("pass", ScanEvidence(settings, fmt, batch, low, log, window, scale))
+    site = _detected(
+        "pass", ScanEvidence(settings, fmt, batch, low, log, window, scale, model=model)
+    )
     errors += [f for f in site if f.is_error]
     warnings = [f for f in site if not f.is_error]
     findings = sorted(errors, key=_order) + warnings[: settings.max_warnings]

@@ -24,7 +24,7 @@ A Python constant larger than 65504 in magnitude, typically the `-1e9` or `-1e4 
 additive attention mask, or `torch.finfo(torch.float32).min`, meets an FP16 tensor.
 `masked_fill(mask, -1e9)` on FP16 raises "value cannot be converted to type at::Half without
 overflow"; `scores + mask * -1e9` gives -inf, and a fully masked row then turns softmax into NaN.
-nan-hunter reports the call and goes on in FP32.
+nan-hunter reports the call and goes on as if the constant saturated to ±inf.
 
 ## Why
 Masks are written for FP32, where -1e9 is an ordinary number. In FP16 it is out of range.
@@ -53,7 +53,8 @@ Safe: in FP32 a masked score of -3.4e38 and one of -1e9 give the same softmax.
         if c.event.failure is not None:
             return (
                 f"{c.event.op} is given the constant {value}, which {c.fmt.name} cannot hold: "
-                "it raises 'cannot be converted ... without overflow' (the scan went on in FP32)"
+                "it raises 'cannot be converted ... without overflow' (the scan went on as if "
+                f"it saturated: {'-inf' if _too_large(c)[0] < 0 else 'inf'} in {c.fmt.name})"
             )
         return (
             f"{c.event.op} is given the constant {value}, beyond the {c.fmt.name} maximum "

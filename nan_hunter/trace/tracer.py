@@ -511,7 +511,25 @@ def call_or_replay(
         failure = policy_failure(exc)
         if failure is None:
             raise
-        return replay_in_fp32(func, args, kwargs), failure  # passes the call on
+        result = replay_in_fp32(func, args, kwargs)  # passes the call on
+        if failure.kind == "scalar_overflow":
+            result = _as_written(result, args)
+        return result, failure
+
+
+def _as_written(result: Any, args: tuple[Any, ...]) -> Any:
+    """A constant too large for the tensor it goes into (``masked_fill(m, -1e9)`` on FP16): the
+    FP32 replay's result in the tensor's own dtype (``-inf`` where the constant went), which
+    is what the model's next ops would compute with had the op saturated; an FP32 result
+    would meet the next FP16 op as a dtype error of ours."""
+    dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)
+                  and a.is_floating_point()), None)
+    if dtype is None:
+        return result
+    return tree_map(
+        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+        result,
+    )
 
 
 class _BackwardHooks:
