@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from nan_hunter.candidate import Candidate, Upstream
-from nan_hunter.findings import Phase
+from nan_hunter.findings import Phase, SourceLocation
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.precision.replay import replay_in_fp32
@@ -188,7 +188,8 @@ def out_of_range_consumers(
     """The ops after ``origin``, in its file, that still carry values beyond ``fmt``'s range in
     the FP32 reference, and the first op on each path that brings them back (a softmax, a
     normalisation): where an FP32 region must end before values go back to low precision."""
-    if origin.location is None:
+    home = _user_site(origin)
+    if home is None:
         return ()
 
     def beyond(event: OpEvent) -> bool:
@@ -203,15 +204,20 @@ def out_of_range_consumers(
         following: list[int] = []
         for index in frontier:
             event = events[index]
-            if index in found or event.location is None:
-                continue
-            if event.location.file != origin.location.file:
+            site = _user_site(event)
+            if index in found or site is None or site.file != home.file:
                 continue
             found[index] = event
             if beyond(event):
                 following.extend(consumers.get(index, []))
         frontier = following
     return tuple(found[i] for i in sorted(found))
+
+
+def _user_site(event: OpEvent) -> SourceLocation | None:
+    """Where ``event`` is in the user's code: its own line, or for an op that ran in an
+    installed library (``nn.Linear``'s ``F.linear``), the call site in the user's project."""
+    return event.call_site if event.call_site is not None else event.location
 
 
 def low_precision_chain(

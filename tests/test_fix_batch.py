@@ -168,11 +168,12 @@ def test_coupled_errors_verify_only_together(monkeypatch: pytest.MonkeyPatch) ->
     re-scan with one fix still has a non-finite loss from the other three. The group's one
     re-scan has all four fixed, each op gone, no new error and the FP32 loss: all verified.
     Everything else one-at-a-time found agrees (no error left at the fixed ops, nothing new).
-    One at a time, each head's fix fails, and so does the next step of the search, its whole
-    forward in FP32: two re-scans per head."""
+    One at a time, each head's fix fails, and so do the next steps of the search, the region
+    with FP32 regions for the ops taking its result, then its whole forward in FP32: three
+    re-scans per head."""
     batched, calls = _verified_scan(COUPLED, monkeypatch, batched=True)
     alone, alone_calls = _verified_scan(COUPLED, monkeypatch, batched=False)
-    assert (len(calls), len(alone_calls)) == (1, 8)
+    assert (len(calls), len(alone_calls)) == (1, 12)
     assert all(ok for ok, _ in _verdicts(batched).values())
     for ok, remaining in _verdicts(alone).values():
         assert (ok, remaining) == (False, ("the loss is not finite after the fix",))
@@ -487,12 +488,13 @@ def test_alternatives_of_failed_fixes_are_verified_in_groups(
     """The four own fixes fail (each op still fails: each then re-scanned alone, as one at a
     time does), and the four alternatives verify together in one re-scan. One at a time takes
     eight re-scans; on the coupled model it verifies no alternative (the loss), so it goes on
-    to each alternative's own next step, the whole forward in FP32: twelve."""
+    to each alternative's own next steps, the region with FP32 regions for the ops taking its
+    result and the whole forward in FP32: sixteen."""
     batched, calls = _verified_scan(path, monkeypatch, batched=True, tamper=_alternatives_only)
     alone, alone_calls = _verified_scan(
         path, monkeypatch, batched=False, tamper=_alternatives_only
     )
-    assert (len(calls), len(alone_calls)) == (1 + 4 + 1, 8 if path is GUARDED else 12)
+    assert (len(calls), len(alone_calls)) == (1 + 4 + 1, 8 if path is GUARDED else 16)
     for f in batched.findings:
         assert f.fix is not None and f.fix.verified is False
         (alternative,) = f.fix.alternatives

@@ -636,3 +636,74 @@ def test_a_bool_mask_read_by_the_region_is_not_cast(tmp_path: Path) -> None:
     assert "s.float()" in (chosen.diff or ""), chosen.diff
     assert "mask.float()" not in (chosen.diff or ""), chosen.diff
     assert chosen.verified is True, chosen.remaining
+
+
+# --- a region whose result is still beyond FP16's range ---------------------------------------
+
+BEYOND = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class Head(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.lin = nn.Linear(d, d)
+            with torch.no_grad():
+                self.lin.weight.mul_(0.05)
+                self.lin.bias.fill_(12.5)
+            self.mix = nn.Linear(d, d)
+            self.more = nn.Linear(d, d)
+            self.w = nn.Parameter(torch.randn(d, d) * 0.3)
+
+        def forward(self, x):
+            e = torch.exp(self.lin(x))
+            {tail}
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mixer = Head(12)
+            self.head = nn.Linear(12, 2)
+
+        def forward(self, x):
+            h = self.mixer(x)
+            return self.head(h)
+
+
+    def build_model():
+        torch.manual_seed(0)
+        return Net()
+
+
+    def sample_batch():
+        torch.manual_seed(0)
+        return torch.randn(4, 12)
+    """
+)
+BEYOND_TAILS = {
+    "the caller's Linear": "return self.mix(e)",
+    "the next statement's Linear": "y = self.mix(e)\n        return self.more(y) / 1e3",
+    "the next statement's matmul": "y = self.mix(e)\n        return (y @ self.w) / 1e3",
+}
+
+
+@pytest.mark.parametrize("tail", BEYOND_TAILS, ids=list(BEYOND_TAILS))
+def test_ops_taking_a_region_result_beyond_fp16_run_in_fp32_too(
+    tail: str, tmp_path: Path
+) -> None:
+    """The Linear on exp's FP32 output (up to 2.7e5) is blamed, and FP32 for it alone does not
+    verify: its result is as large, and the op taking it, which autocast runs in FP16,
+    overflows in its place. The search's next step puts that op in FP32 as well, verified."""
+    path = tmp_path / "model.py"
+    path.write_text(BEYOND.format(tail=BEYOND_TAILS[tail]), encoding="utf-8")
+    finding = _error(scan_file(str(path)))
+    assert finding.op == "torch.nn.functional.linear"
+    assert finding.fix is not None
+    assert finding.fix.verified is False
+    chosen = _chosen(finding.fix)
+    assert chosen is not None, [(f.title, f.remaining) for f in finding.fix.alternatives]
+    assert "so the float16 ops taking it" in chosen.title
+    assert (chosen.diff or "").count("with torch.autocast(") == 2, chosen.diff

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nan_hunter.findings import Applicability, Edit, Fix, SourceLocation
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
-from nan_hunter.fixes.edits import edits_between, render_diff
+from nan_hunter.fixes.edits import EditConflict, combine, edits_between, render_diff
 from nan_hunter.fixes.function_region import build_function_region_patch
 from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
 from nan_hunter.fixes.source import read_source
@@ -62,6 +62,14 @@ def build_fix(
         alt for p in plan.alternatives if (alt := _build(c, p, device, site, half_dtype)).edits
     )
     wider: list[Fix] = []
+    if plan.region and fix.edits and half_dtype is None:
+        # The region's result may still be beyond the format's range when it leaves the
+        # region; an op after it that autocast runs in low precision then overflows in its
+        # place. The region plus FP32 regions for those ops: verification picks it when the
+        # narrow one fails.
+        carried = _build(c, plan, device, site, half_dtype, downstream=True)
+        if carried.edits and carried.edits != fix.edits:
+            wider.append(carried)
     if plan.region and fix.edits:
         # The same region grown to the statements producing its inputs: when the gradient
         # that the region sends back into an FP16 producer overflows (NH401 at the dtype
@@ -117,6 +125,7 @@ def _build(
     site: SourceLocation | None,
     half_dtype: str | None,
     grow: bool = False,
+    downstream: bool = False,
 ) -> Fix:
     # The file itself, not a link to it (a project file linked from elsewhere, or an unedited
     # file in the verification's mirror): its project root holds the path the edits name.
@@ -155,10 +164,64 @@ def _build(
     if patch is None:
         return _advice(plan.title, c, half_dtype)
     title = plan.title
+    edits = patch.edits
     if half_dtype is not None:
         title = title.replace("(autocast disabled)", f"(FP32 inputs, results cast back to "
                               f"{half_dtype.removeprefix('torch.')})")
-    return make_fix(title, plan.applicability, patch.edits, root)
+    elif downstream:
+        regions = _downstream_regions(c, path, root, device, (patch.first_line,
+                                                              patch.last_line))
+        if not regions:
+            return _advice(plan.title, c, half_dtype)
+        lines = sorted({line for line, _ in regions})
+        title = (f"{title}; its result stays beyond {c.fmt.name}'s range, so the "
+                 f"{c.fmt.name} ops taking it (line {', '.join(map(str, lines))}) "
+                 "run in FP32 too")
+        edits = (*edits, *(e for _, region in regions for e in region))
+        try:
+            combine(edits)
+        except EditConflict:
+            return _advice(plan.title, c, half_dtype)
+    return make_fix(title, plan.applicability, edits, root)
+
+
+def _downstream_regions(
+    c: Candidate, path: Path, root: Path, device: str, covered: tuple[int, int]
+) -> list[tuple[int, tuple[Edit, ...]]] | None:
+    """Autocast: the region's result is still beyond the format's range in the FP32 reference,
+    and an op after the region (same file: the caller of the culprit's module, the next
+    statement of another block) ran in low precision on it: autocast would cast it down there
+    and the overflow moves to that op. Each such op gets an FP32 region of its own (ops of one
+    block share one). ``[]`` when there is none; None when one cannot be made."""
+    sites: list[tuple[int, OpEvent]] = []
+    for event in c.out_of_range_consumers:
+        if not any(s.dtype == c.fmt.name for s in event.outputs):
+            continue  # autocast ran it in FP32 already (a softmax, a sum): nothing to do
+        where = edit_site(event)
+        if where is None or Path(where.file).resolve() != path:
+            continue
+        if not covered[0] <= where.line <= covered[1]:
+            sites.append((where.line, event))
+    regions: list[tuple[int, tuple[Edit, ...]]] = []
+    spans: list[tuple[int, int]] = [covered]
+    for line, event in sorted(sites, key=lambda item: item[0]):
+        if any(first <= line <= last for first, last in spans):
+            continue
+        own = event.location is not None and event.location.line == line and event.in_user_code
+        patch = build_autocast_region_patch(
+            path,
+            line,
+            event.op if own else "<call>",
+            len(event.inputs) if own else 0,
+            device_type=device,
+            relative_to=root,
+            consumer_lines=[other for other, _ in sites if other > line],
+        )
+        if patch is None:
+            return None
+        spans.append((patch.first_line, patch.last_line))
+        regions.append((line, patch.edits))
+    return regions
 
 
 def _advice(title: str, c: Candidate, half_dtype: str | None) -> Fix:
