@@ -19,6 +19,7 @@ from nan_hunter.findings import Phase, SourceLocation
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.precision.replay import replay_in_fp32
+from nan_hunter.project import is_installed
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 
@@ -185,9 +186,10 @@ def out_of_range_consumers(
     fmt: FloatFormat,
     depth: int = 8,
 ) -> tuple[OpEvent, ...]:
-    """The ops after ``origin``, in its file, that still carry values beyond ``fmt``'s range in
-    the FP32 reference, and the first op on each path that brings them back (a softmax, a
-    normalisation): where an FP32 region must end before values go back to low precision."""
+    """The ops after ``origin``, in the user's project (an installed library's op counts at its
+    call site there), that still carry values beyond ``fmt``'s range in the FP32 reference, and
+    the first op on each path that brings them back (a softmax, a normalisation): where an FP32
+    region must end before values go back to low precision."""
     home = _user_site(origin)
     if home is None:
         return ()
@@ -205,7 +207,7 @@ def out_of_range_consumers(
         for index in frontier:
             event = events[index]
             site = _user_site(event)
-            if index in found or site is None or site.file != home.file:
+            if index in found or site is None or is_installed(site.file):
                 continue
             found[index] = event
             if beyond(event):

@@ -707,3 +707,30 @@ def test_ops_taking_a_region_result_beyond_fp16_run_in_fp32_too(
     assert chosen is not None, [(f.title, f.remaining) for f in finding.fix.alternatives]
     assert "so the float16 ops taking it" in chosen.title
     assert (chosen.diff or "").count("with torch.autocast(") == 2, chosen.diff
+
+
+def test_the_op_taking_it_in_another_file_of_the_project_runs_in_fp32_too(
+    tmp_path: Path,
+) -> None:
+    """The culprit's module lives in the user's package, the Linear taking its result in the
+    model file: one fix edits both files, verified, and its diff names both."""
+    source = BEYOND.format(tail=BEYOND_TAILS["the caller's Linear"])
+    head_end = source.index("class Net")
+    (tmp_path / "blocks").mkdir()
+    (tmp_path / "blocks" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "blocks" / "layers.py").write_text(source[:head_end], encoding="utf-8")
+    path = tmp_path / "model.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n\nfrom blocks.layers import Head\n\n\n"
+        + source[head_end:],
+        encoding="utf-8",
+    )
+    finding = _error(scan_file(str(path)))
+    assert finding.location is not None and finding.location.file.endswith("layers.py")
+    assert finding.fix is not None
+    chosen = _chosen(finding.fix)
+    assert chosen is not None, [(f.title, f.remaining) for f in finding.fix.alternatives]
+    assert chosen.title.endswith("so the float16 ops taking it (model.py:15) run in FP32 too")
+    diff = chosen.diff or ""
+    assert "+++ b/blocks/layers.py" in diff and "+++ b/model.py" in diff
+    assert "+            return self.head(h.float())" in diff

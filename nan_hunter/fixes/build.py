@@ -12,11 +12,17 @@ from pathlib import Path
 
 from nan_hunter.findings import Applicability, Edit, Fix, SourceLocation
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
-from nan_hunter.fixes.edits import EditConflict, combine, edits_between, render_diff
+from nan_hunter.fixes.edits import (
+    EditConflict,
+    by_file,
+    combine,
+    edits_between,
+    render_diff,
+)
 from nan_hunter.fixes.function_region import build_function_region_patch
 from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
 from nan_hunter.fixes.source import read_source
-from nan_hunter.project import is_installed, project_root
+from nan_hunter.project import is_installed, project_root, shared_root
 from nan_hunter.rules.registry import Candidate, FixPlan
 from nan_hunter.trace.events import OpEvent
 
@@ -169,59 +175,69 @@ def _build(
         title = title.replace("(autocast disabled)", f"(FP32 inputs, results cast back to "
                               f"{half_dtype.removeprefix('torch.')})")
     elif downstream:
-        regions = _downstream_regions(c, path, root, device, (patch.first_line,
-                                                              patch.last_line))
-        if not regions:
+        found = _downstream_regions(c, path, device, (patch.first_line, patch.last_line))
+        if not found or not found[0]:
             return _advice(plan.title, c, half_dtype)
-        lines = sorted({line for line, _ in regions})
+        regions, root = found
+        where = sorted({_place(site, path) for site, _ in regions})
         title = (f"{title}; its result stays beyond {c.fmt.name}'s range, so the "
-                 f"{c.fmt.name} ops taking it (line {', '.join(map(str, lines))}) "
-                 "run in FP32 too")
+                 f"{c.fmt.name} ops taking it ({', '.join(where)}) run in FP32 too")
         edits = (*edits, *(e for _, region in regions for e in region))
         try:
-            combine(edits)
+            for same_file in by_file(edits).values():
+                combine(same_file)
         except EditConflict:
             return _advice(plan.title, c, half_dtype)
     return make_fix(title, plan.applicability, edits, root)
 
 
 def _downstream_regions(
-    c: Candidate, path: Path, root: Path, device: str, covered: tuple[int, int]
-) -> list[tuple[int, tuple[Edit, ...]]] | None:
+    c: Candidate, path: Path, device: str, covered: tuple[int, int]
+) -> tuple[list[tuple[SourceLocation, tuple[Edit, ...]]], Path] | None:
     """Autocast: the region's result is still beyond the format's range in the FP32 reference,
-    and an op after the region (same file: the caller of the culprit's module, the next
-    statement of another block) ran in low precision on it: autocast would cast it down there
-    and the overflow moves to that op. Each such op gets an FP32 region of its own (ops of one
-    block share one). ``[]`` when there is none; None when one cannot be made."""
-    sites: list[tuple[int, OpEvent]] = []
+    and an op after the region (the caller of the culprit's module, in this file or another of
+    the project; the next statement of another block) ran in low precision on it: autocast
+    would cast it down there and the overflow moves to that op. Each such op gets an FP32
+    region of its own (ops of one block share one). The regions, with the root the diff is
+    rendered against (the one folder all the files share); None when one cannot be made."""
+    sites: list[tuple[Path, int, OpEvent]] = []
     for event in c.out_of_range_consumers:
         if not any(s.dtype == c.fmt.name for s in event.outputs):
             continue  # autocast ran it in FP32 already (a softmax, a sum): nothing to do
         where = edit_site(event)
-        if where is None or Path(where.file).resolve() != path:
+        if where is None:
             continue
-        if not covered[0] <= where.line <= covered[1]:
-            sites.append((where.line, event))
-    regions: list[tuple[int, tuple[Edit, ...]]] = []
-    spans: list[tuple[int, int]] = [covered]
-    for line, event in sorted(sites, key=lambda item: item[0]):
-        if any(first <= line <= last for first, last in spans):
+        file = Path(where.file).resolve()
+        if file != path or not covered[0] <= where.line <= covered[1]:
+            sites.append((file, where.line, event))
+    root = shared_root([path, *(file for file, _, _ in sites)])
+    regions: list[tuple[SourceLocation, tuple[Edit, ...]]] = []
+    spans: dict[Path, list[tuple[int, int]]] = {path: [covered]}
+    for file, line, event in sorted(sites, key=lambda item: (str(item[0]), item[1])):
+        if any(first <= line <= last for first, last in spans.get(file, [])):
             continue
         own = event.location is not None and event.location.line == line and event.in_user_code
         patch = build_autocast_region_patch(
-            path,
+            file,
             line,
             event.op if own else "<call>",
             len(event.inputs) if own else 0,
             device_type=device,
             relative_to=root,
-            consumer_lines=[other for other, _ in sites if other > line],
+            consumer_lines=[other for f, other, _ in sites if f == file and other > line],
         )
         if patch is None:
             return None
-        spans.append((patch.first_line, patch.last_line))
-        regions.append((line, patch.edits))
-    return regions
+        spans.setdefault(file, []).append((patch.first_line, patch.last_line))
+        regions.append((SourceLocation(str(file), line, ""), patch.edits))
+    return regions, root
+
+
+def _place(site: SourceLocation, culprit_file: Path) -> str:
+    """``line 12`` in the culprit's file, ``model.py:12`` in another."""
+    if Path(site.file) == culprit_file:
+        return f"line {site.line}"
+    return f"{Path(site.file).name}:{site.line}"
 
 
 def _advice(title: str, c: Candidate, half_dtype: str | None) -> Fix:
