@@ -1,5 +1,6 @@
 """The README's promises that a reader copies: the GitHub Actions job, the pyproject settings and
-the suppression comment it shows are checked here against the code."""
+the suppression comment it shows are checked here against the code; so are its size and every
+relative link of the README and the pages under docs/."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from nan_hunter.config import load_settings
@@ -20,6 +22,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+README_MAX_LINES = 300
+"""The README is what a user reads; everything longer belongs in docs/."""
+LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
+"""A Markdown link's target: ``[text](target)``, not an image."""
 
 
 def _blocks(language: str) -> list[str]:
@@ -83,3 +89,54 @@ def test_suppression_example_parses_with_a_reason() -> None:
     directive = parse_comment(line[line.index("#"):], 1)
     assert directive is not None
     assert directive.codes == ("NH102",) and directive.reason
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE):
+        slug = _slug(heading)
+        n = 0
+        while (slug if n == 0 else f"{slug}-{n}") in anchors:
+            n += 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_readme_is_short() -> None:
+    lines = len(README.splitlines())
+    assert lines < README_MAX_LINES, f"README.md has {lines} lines: move detail into docs/"
+
+
+def test_relative_links_point_at_files_that_exist() -> None:
+    """Every relative link of README.md and docs/*.md names a file or folder of the repository
+    (``docs/guarantees.md``, ``../benchmarks/speed.py``); one into a Markdown page with
+    ``#anchor`` names a heading of that page."""
+    if not (ROOT / "docs").is_dir():
+        pytest.skip("no docs/ folder (an sdist without the documentation)")
+    broken = []
+    for page in _pages():
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+        for target in LINK.findall(text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            name = f"{page.relative_to(ROOT)}: {target}"
+            if not resolved.exists():
+                broken.append(f"{name} (no such file)")
+            elif ROOT not in resolved.parents and resolved != ROOT:
+                broken.append(f"{name} (outside the repository)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{name} (no heading with that anchor)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
