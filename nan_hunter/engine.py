@@ -22,7 +22,7 @@ from nan_hunter.findings import (
     ScanTarget,
     scale_text,
 )
-from nan_hunter.fixes.build import build_fix, edit_site
+from nan_hunter.fixes.build import build_fix, edit_site, with_kept_module
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
 from nan_hunter.precision.context import PrecisionPlan
@@ -145,7 +145,7 @@ def _scan_target(target: Target, settings: Settings) -> Report:
             grad_scale=scale,
         )  # fmt: skip
     errors = [
-        _finding(c, settings, plan.patch_device)
+        _finding(c, settings, plan.patch_device, root_class=type(model).__name__)
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
@@ -266,7 +266,9 @@ def _batch_on(batch: Batch, device: str) -> Batch:
     return batch.map(lambda x: x.to(device))
 
 
-def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
+def _finding(
+    c: Candidate, settings: Settings, device: str, *, root_class: str
+) -> Finding | None:
     rule = classify(c)
     if not settings.rule_enabled(rule.code):
         return None
@@ -274,7 +276,7 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
     site = edit_site(c.event)
     half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
     fix = (
-        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype)
+        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype, root_class=root_class)
         if plan is not None else None
     )
     return origin_finding(
@@ -285,8 +287,10 @@ def _finding(c: Candidate, settings: Settings, device: str) -> Finding | None:
 def _detected(stage: str, scan: ScanEvidence) -> list[Finding]:
     """The findings of the enabled site rules of ``stage``. Warnings list forward ones in pass
     order, then backward ones in the order their rules give."""
+    half = scan.settings.mode == "half"
     found = [
-        finding
+        with_kept_module(finding, scan.settings.dtype) if half and rule.keeps_module_in_fp32
+        else finding
         for rule in site_rules(stage)
         if scan.settings.rule_enabled(rule.code)
         for finding in rule.detect(scan)

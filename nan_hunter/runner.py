@@ -23,7 +23,7 @@ from nan_hunter._nest import output_leaves
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import NOT_THE_MODELS, UserCodeError, first_line
 from nan_hunter.location import SourceLocation
-from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord, UnmeasuredGradient
 from nan_hunter.precision.heap import trim_heap
 from nan_hunter.trace.deferred import StaleStatistics
@@ -51,6 +51,9 @@ class PassResult:
     what it asked (``".is_cuda"``) and the line."""
     param_grads: dict[str, GradRecord] = field(default_factory=dict)
     """Per parameter name: what FP16 rounding did to its gradient (emulated backward only)."""
+    kept: frozenset[str] = frozenset()
+    """Half mode: the floating parameters and buffers the model's cast left in FP32 (a module
+    that keeps itself in FP32 through its ``_apply``)."""
     gradients_finite: bool | None = None
     """For a backward run without per-node events (``grad_events`` empty): whether every
     gradient stayed finite (each parameter's, and each one the gradient log saw rounded)."""
@@ -485,6 +488,7 @@ class _TracedForward:
         self._loss: torch.Tensor | None = None
         self._loss_stats: TensorStats | None = None
         self._events: tuple[OpEvent, ...] = ()
+        self._kept: frozenset[str] = frozenset()
         self._trimmed = False
         self.rng: _RngState | None = None
         """The RNG state the forward started from."""
@@ -508,11 +512,12 @@ class _TracedForward:
     def run(self, precision: contextlib.AbstractContextManager[Any]) -> None:
         model, batch, tracer, modules = self._model, self._batch, self._tracer, self._modules
         if self._half:
-            _to_dtype(model, self._fmt.dtype)
+            with _user_errors(modules, f"the cast to {self._fmt.name} (model.half())"):
+                self._kept = _cast_model(model, self._fmt.dtype)  # passes the call on
             batch = _batch_to(batch, self._fmt.dtype)
         elif self._fp32:  # FP32 reference: FP16/BF16 weights (a model.half()) and inputs too
-            _to_dtype(model, torch.float32, only=_LOW_PRECISION)
-            batch = _batch_to(batch, torch.float32, only=_LOW_PRECISION)
+            _to_dtype(model, torch.float32, only=LOW_PRECISION_DTYPES)
+            batch = _batch_to(batch, torch.float32, only=LOW_PRECISION_DTYPES)
         queries = (
             CudaQueries(tracer.note_cuda_query) if self._traced else contextlib.nullcontext()
         )
@@ -583,6 +588,7 @@ class _TracedForward:
             unseen=tuple(tracer.unseen) if self._traced else (),
             device_queries=tuple(tracer.device_queries.values()) if self._traced else (),
             param_grads=param_grads,
+            kept=self._kept,
             gradients_finite=finite,
             estimated_zeros=tracer.estimated_zeros,
         )
@@ -629,7 +635,14 @@ def _param_grads(
     }
 
 
-_LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
+def _cast_model(model: torch.nn.Module, dtype: torch.dtype) -> frozenset[str]:
+    """``model.half()`` (``.bfloat16()``) as torch does it, through each module's ``_apply``, so
+    a module that keeps itself in FP32 (an ``_apply`` override, as transformers'
+    ``_keep_in_fp32_modules`` fixes do) stays so; ``ModelState`` restores what it converted.
+    The names of the floating parameters and buffers it left in another dtype."""
+    model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return frozenset(n for n, t in named if t.is_floating_point() and t.dtype != dtype)
 
 
 def _to_dtype(

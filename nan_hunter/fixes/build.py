@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from nan_hunter.findings import Applicability, Edit, Fix, SourceLocation
+from nan_hunter.findings import Applicability, Edit, Finding, Fix, SourceLocation
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.fixes.edits import (
     EditConflict,
@@ -20,13 +20,13 @@ from nan_hunter.fixes.edits import (
     render_diff,
 )
 from nan_hunter.fixes.function_region import build_function_region_patch
+from nan_hunter.fixes.module_region import build_kept_module_patch
 from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
 from nan_hunter.fixes.source import read_source
+from nan_hunter.precision.formats import LOW_PRECISION
 from nan_hunter.project import is_installed, project_root, shared_root
 from nan_hunter.rules.registry import Candidate, FixPlan
 from nan_hunter.trace.events import OpEvent
-
-_LOW_PRECISION = frozenset({"float16", "bfloat16"})
 
 
 def make_fix(
@@ -56,9 +56,11 @@ def build_fix(
     device: str,
     site: SourceLocation | None,
     half_dtype: str | None = None,
+    root_class: str | None = None,
 ) -> Fix:
     """The fix for one finding. ``site`` is where the edit goes: the op's own line in the
-    user's project, or the call site in it when the op ran inside an installed library. A plan
+    user's project, or the call site in it when the op ran inside an installed library;
+    ``root_class``, the class name of the model itself (never kept in FP32 as a whole). A plan
     whose edit cannot be made falls back to ``plan.fallback``; ``plan.alternatives`` whose
     edits can be made become the fix's alternatives."""
     fix = _build(c, plan, device, site, half_dtype)
@@ -84,7 +86,7 @@ def build_fix(
         if grown.edits and grown.edits != fix.edits:
             title = f"{grown.title}, with the statements producing its inputs"
             wider.append(replace(grown, title=title))
-    whole = _whole_function(c, plan, device, site, half_dtype)
+    whole = _whole_function(c, plan, device, site, half_dtype, root_class)
     if whole is not None and all(whole.edits != f.edits for f in (fix, *wider)):
         wider.append(whole)
     if not fix.edits and wider:  # no narrow edit could be made: the wider one leads
@@ -94,17 +96,25 @@ def build_fix(
 
 
 def _whole_function(
-    c: Candidate, plan: FixPlan, device: str, site: SourceLocation | None, half_dtype: str | None
+    c: Candidate,
+    plan: FixPlan,
+    device: str,
+    site: SourceLocation | None,
+    half_dtype: str | None,
+    root_class: str | None,
 ) -> Fix | None:
     """The last step of the search before modelling advice: the function holding the culprit
     (a submodule's ``forward``) with autocast disabled (``nan_hunter.fixes.function_region``).
     Not for the root module, whose forward is the whole model (FP32 everywhere is no fix), nor
-    under ``model.half()``, where there is no autocast to disable."""
-    if not plan.region or half_dtype is not None or site is None or not c.ref_finite:
+    under ``model.half()``, where there is no autocast to disable: there the module holding
+    the culprit is kept in FP32 (``nan_hunter.fixes.module_region``)."""
+    if not plan.region or site is None or not c.ref_finite:
         return None
     if not c.event.module:
         return None
     path = Path(site.file).resolve()
+    if half_dtype is not None:
+        return _kept_module(plan, path, site.line, half_dtype.removeprefix("torch."), root_class)
     patch = build_function_region_patch(
         path, site.line, dtype=c.fmt.name, device_type=device, relative_to=project_root(path)
     )
@@ -115,6 +125,57 @@ def _whole_function(
         f"autocast disabled for all of it, its {c.fmt.name} tensor arguments cast to float32"
     )
     return make_fix(title, plan.applicability, patch.edits, project_root(path))
+
+
+def _kept_module(
+    plan: FixPlan, path: Path, line: int, dtype: str, root_class: str | None
+) -> Fix | None:
+    """Under ``model.half()``: the module whose method holds the culprit keeps its parameters
+    and buffers in FP32 however the model is cast, upcasts its inputs and casts its results
+    back (transformers' ``_keep_in_fp32_modules``, written into the module). Not the model's
+    own class: all of it in FP32 is no fix. Named by its class: where the op ran in a library
+    module (an ``nn.Linear``), the method holding the line is that of an ancestor the trace
+    does not name."""
+    return _kept_module_fix(None, path, line, dtype, plan.applicability, root_class)
+
+
+def _kept_module_fix(
+    module: str | None,
+    path: Path,
+    line: int,
+    dtype: str,
+    applicability: Applicability,
+    root_class: str | None = None,
+) -> Fix | None:
+    root = project_root(path)
+    kept = build_kept_module_patch(path, line, dtype=dtype, relative_to=root)
+    if kept is None or kept.class_name == root_class:
+        return None
+    name = f"{kept.class_name} ({module})" if module else kept.class_name
+    title = (
+        f"Keep {name} in FP32 under .half(): its parameters and buffers stay float32 "
+        f"when the model is cast, its {dtype} inputs are upcast and its results cast back"
+    )
+    return make_fix(title, applicability, kept.region.edits, root)
+
+
+def with_kept_module(finding: Finding, dtype: str) -> Finding:
+    """``finding`` (a parameter or buffer of a submodule that the cast to ``dtype`` ruins,
+    NH005) with, as an alternative to verify, the submodule kept in FP32 by its class (the
+    line of the finding is where the class sets the tensor up)."""
+    where = finding.location
+    if where is None or not finding.module or is_installed(where.file):
+        return finding
+    kept = _kept_module_fix(
+        finding.module, Path(where.file).resolve(), where.line, dtype, Applicability.SAFE
+    )
+    if kept is None:
+        return finding
+    if finding.fix is None:
+        return replace(finding, fix=kept)
+    return replace(finding, fix=replace(
+        finding.fix, alternatives=(*finding.fix.alternatives, kept)
+    ))
 
 
 _REWRITES = {
@@ -161,7 +222,7 @@ def _build(
         # the trace knows every operand's dtype: only low-precision floats get .float()
         uncast_operands=frozenset(
             i for i, s in enumerate(c.event.inputs)
-            if s.dtype not in _LOW_PRECISION and not in_library
+            if s.dtype not in LOW_PRECISION and not in_library
         ),
         consumer_lines=_consumer_lines(c, path) if half_dtype and not in_library else (),
         cast_back=half_dtype,

@@ -70,7 +70,7 @@ def build_function_region_patch(
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return None
-    found = _innermost_function(tree, culprit_line)
+    found = innermost_function(tree, culprit_line)
     if found is None:
         return None
     function, is_method = found
@@ -109,7 +109,7 @@ def build_function_region_patch(
     casts = "".join(
         f"{inner}{name} = {name}.float() if isinstance({name}, torch.Tensor) and "
         f"{name}.dtype == torch.{dtype} else {name}{newline}"
-        for name in _tensor_parameters(function, is_method)
+        for name in tensor_parameters(function, is_method)
     )
     insertions = [(first.lineno - 1, header + casts)]
     if not _has_torch_import(tree.body, function.lineno, False):
@@ -131,7 +131,7 @@ def build_function_region_patch(
     )
 
 
-def _innermost_function(
+def innermost_function(
     tree: ast.Module, line: int
 ) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, bool] | None:
     """The innermost function whose body holds ``line``, and whether it is a method (its first
@@ -158,7 +158,7 @@ def _innermost_function(
     return best
 
 
-def _tensor_parameters(
+def tensor_parameters(
     function: ast.FunctionDef | ast.AsyncFunctionDef, is_method: bool
 ) -> list[str]:
     """Parameters that may hold a tensor: all but the instance, ``*args``/``**kwargs`` and

@@ -38,6 +38,7 @@ BF16 = FloatFormat.of(torch.bfloat16)
 FP32 = FloatFormat.of(torch.float32)
 
 LOW_PRECISION = {"float16": FP16, "bfloat16": BF16}
+LOW_PRECISION_DTYPES = frozenset(f.dtype for f in LOW_PRECISION.values())
 
 
 def format_for(name: str) -> FloatFormat:

@@ -10,12 +10,10 @@ import torch
 
 from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
 from nan_hunter.location import SourceLocation
-from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
 from nan_hunter.project import is_installed
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
 from nan_hunter.trace.stats import tensor_stats
-
-_LOW_PRECISION = frozenset({torch.float16, torch.bfloat16})
 
 
 @register
@@ -25,6 +23,7 @@ class WeightsBeyondRange(SiteRule):
     severity = Severity.ERROR
     kind = Kind.OVERFLOW
     summary = "A parameter or buffer is finite in FP32 and ±inf once the model is cast to FP16."
+    keeps_module_in_fp32 = True
     doc = """\
 ## What
 Under `model.half()` every floating parameter and buffer is cast to FP16. One of them holds a
@@ -49,8 +48,11 @@ logits = logits + (1.0 - m) * self.neg             # 0 * -inf = NaN
 ## Fix
 Keep the constant out of the weights: use the limit of the dtype the tensor meets,
 `torch.finfo(logits.dtype).min`, where it is used, or a boolean mask with `masked_fill`
-(or `F.scaled_dot_product_attention(..., attn_mask=mask)`). No automatic fix: the edit is where
-the buffer is used, which may be several places.
+(or `F.scaled_dot_product_attention(..., attn_mask=mask)`). That edit is where the buffer is
+used, which may be several places, so it is advice. The automatic fix, verified by a re-scan, keeps
+the module holding the tensor in FP32 under `.half()` (an `_apply` of its class that leaves its
+FP32 tensors FP32, with its inputs upcast and its results cast back), as transformers'
+`_keep_in_fp32_modules` does.
 """
 
     def detect(self, scan: ScanEvidence) -> list[Finding]:
@@ -64,6 +66,8 @@ the buffer is used, which may be several places.
                 *module.named_parameters(recurse=False), *module.named_buffers(recurse=False)
             ]
             for name, tensor in tensors:
+                if (f"{module_name}.{name}" if module_name else name) in scan.low.kept:
+                    continue  # the module keeps itself in FP32 under the cast
                 finding = self._check(module_name, module, name, tensor, scan.fmt, loss_finite)
                 if finding is not None:
                     findings.append(finding)
@@ -78,7 +82,7 @@ the buffer is used, which may be several places.
         fmt: FloatFormat,
         loss_finite: bool,
     ) -> Finding | None:
-        if not tensor.is_floating_point() or tensor.dtype in _LOW_PRECISION:
+        if not tensor.is_floating_point() or tensor.dtype in LOW_PRECISION_DTYPES:
             return None
         if tensor.numel() == 0 or tensor.is_meta:
             return None

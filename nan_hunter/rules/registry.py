@@ -95,6 +95,11 @@ class SiteRule(Rule):
     """``"inputs"``: run on the batch before any pass; ``"pass"``: after the low-precision
     pass (warnings)."""
 
+    keeps_module_in_fp32: bool = False
+    """Under ``model.half()``: whether keeping the module of a finding's site in FP32 is a fix
+    (its own parameters or buffers are what the cast ruins); the engine then offers it, for
+    verification, beside the rule's own fix."""
+
     def matches(self, c: Candidate) -> bool:
         return False  # never the explanation of an origin
 
