@@ -181,7 +181,10 @@ Color = Annotated[
 NoColor = Annotated[
     bool, typer.Option("--no-color", help="Same as --color never.", show_default=False)
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display on stderr.")]
+Quiet = Annotated[bool, typer.Option(
+    "--quiet", "-q",
+    help="No progress display, and no 'report written to' or 'patch written to' note, on stderr.",
+)]
 Diff = Annotated[
     bool, typer.Option("--diff", help="Print the combined patch of the fixes, not the report.")
 ]

@@ -180,7 +180,7 @@ def run_scan(request: ScanRequest) -> None:
         text = render_many(
             reports, failed, output_format.value, color=use_color and output is None, width=width
         )
-        _emit(text, output, color=use_color)
+        _emit(text, output, color=use_color, quiet=quiet)
         codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
         raise typer.Exit(EXIT_CLEAN if exit_zero and not failed else max(codes))
     report = reports[0]
@@ -191,12 +191,13 @@ def run_scan(request: ScanRequest) -> None:
         code = report.exit_code(settings.fail_on)
         raise typer.Exit(EXIT_CLEAN if exit_zero else code)
     text = render(report, output_format.value, color=use_color and output is None, width=width)
-    _emit(text, output, color=use_color)
+    _emit(text, output, color=use_color, quiet=quiet)
     if patch is not None:
         if selection.edits:
             _write(patch, _rendered(render_patch, selection.edits, root))
-            typer.echo(f"nan-hunter: patch written to {patch}", err=True)
-        else:
+            if not quiet:
+                typer.echo(f"nan-hunter: patch written to {patch}", err=True)
+        elif not quiet:
             typer.echo("nan-hunter: no patch to write: no finding has a fix to apply", err=True)
     code = report.exit_code(settings.fail_on)
     raise typer.Exit(EXIT_CLEAN if exit_zero else code)
@@ -256,10 +257,12 @@ def _refuse_overwrite(output: Path | None, patch: Path | None, protected: dict[s
             )
 
 
-def _emit(text: str, output: Path | None, *, color: bool = False) -> None:
+def _emit(text: str, output: Path | None, *, color: bool = False, quiet: bool = False) -> None:
+    """The report on stdout, or into ``output`` with a note on stderr (none when ``quiet``)."""
     if output is not None:
         _write(output, text)
-        typer.echo(f"nan-hunter: report written to {output}", err=True)
+        if not quiet:
+            typer.echo(f"nan-hunter: report written to {output}", err=True)
     else:  # color=True: click would strip the colour codes from a pipe otherwise
         typer.echo(text, nl=False, color=color or None)
 

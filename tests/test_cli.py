@@ -55,6 +55,17 @@ def test_json_to_stdout_and_file(tmp_path: Path) -> None:
     assert "report written to" in err
 
 
+def test_quiet_writes_report_and_patch_without_notes(tmp_path: Path) -> None:
+    target, patch = tmp_path / "report.json", tmp_path / "fix.patch"
+    code, out, err = invoke(
+        "scan", str(EXAMPLES / "matrix_inverse.py"), "--format", "json", "--output", str(target),
+        "--patch", str(patch), "--quiet", "--no-verify",
+    )
+    assert code == 1 and out == "" and err == ""
+    assert json.loads(target.read_text())["findings"][0]["code"] == "NH101"
+    assert patch.read_text().startswith("--- a/")
+
+
 def test_patch_file_is_written(tmp_path: Path) -> None:
     patch = tmp_path / "fix.patch"
     code, _, err = invoke("scan", str(EXAMPLES / "matrix_inverse.py"), "--patch", str(patch))

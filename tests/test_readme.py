@@ -53,11 +53,12 @@ def test_actions_job_uses_current_action_majors() -> None:
     ]
 
 
-def test_actions_job_installs_from_the_repository_not_pypi() -> None:
+def test_actions_job_installs_the_project_and_nan_hunter_from_the_repository() -> None:
     steps = _workflow()["jobs"]["nan-hunter"]["steps"]
     installs = [step["run"] for step in steps if "pip install" in step.get("run", "")]
     assert installs == [
         "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+        "pip install -e .",  # the user's project: the model file imports it
         "pip install ./.nan-hunter",
     ]
     checkout = [s for s in steps if s.get("with", {}).get("path") == ".nan-hunter"]

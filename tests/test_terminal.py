@@ -232,11 +232,47 @@ def test_cli_progress_shows_passes_and_fix_verification(monkeypatch: pytest.Monk
     assert shown == []
 
 
-def test_pre_commit_hook_definition() -> None:
+def _hooks() -> dict[str, dict]:
     import yaml
 
-    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
-    assert hook["id"] == "nan-hunter"
-    assert hook["language"] == "python"
-    assert hook["entry"] == "nan-hunter scan --quiet"
-    assert hook["pass_filenames"] is False and hook["args"] == ["."]
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    return {hook["id"]: hook for hook in hooks}
+
+
+def test_pre_commit_hooks_are_one_in_its_own_env_and_one_in_yours() -> None:
+    hooks = _hooks()
+    assert {h: hooks[h]["language"] for h in hooks} == {
+        "nan-hunter": "python", "nan-hunter-system": "system",
+    }
+    for hook in hooks.values():
+        assert hook["entry"] == "nan-hunter scan --quiet"
+        assert hook["pass_filenames"] is False and hook["args"] == ["."]
+    header = (ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8")
+    assert "additional_dependencies: [torch]" not in header  # unpinned: a multi-GB CUDA wheel
+    assert 'additional_dependencies: ["torch==' in header
+
+
+@pytest.mark.parametrize(
+    ("example", "expected"), [("clean_mlp.py", 0), ("matrix_inverse.py", 1), (None, 2)]
+)
+def test_the_hook_entry_on_a_sample_repository(
+    example: str | None, expected: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hook's entry and default args, run from a repository's root as pre-commit runs it:
+    a clean model passes, a failing one blocks, a repository without a model file is an error,
+    and nothing but errors reaches the terminal of a passing run."""
+    import shlex
+
+    hook = _hooks()["nan-hunter-system"]
+    (tmp_path / "notes.py").write_text("x = 1\n", encoding="utf-8")
+    if example is not None:
+        shutil.copy(EXAMPLES / example, tmp_path / "models.py")
+    monkeypatch.chdir(tmp_path)
+    program, *args = shlex.split(hook["entry"])
+    assert program == "nan-hunter"
+    code, out, err = invoke(*args, *hook["args"])
+    assert code == expected, (out, err)
+    if expected == 0:
+        assert err == ""
+    if expected == 2:
+        assert "defines build_model()" in err
