@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import linecache
-import sysconfig
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from nan_hunter._nest import output_leaves
 from nan_hunter.batch import Batch, LossFn
-from nan_hunter.errors import NOT_THE_MODELS, UserCodeError, first_line
+from nan_hunter.blame import user_errors
+from nan_hunter.errors import UserCodeError
 from nan_hunter.location import SourceLocation
+from nan_hunter.model_state import ModelState, cast_model, to_dtype
 from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord, UnmeasuredGradient
 from nan_hunter.precision.heap import trim_heap
@@ -30,7 +28,6 @@ from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.device_queries import CudaQueries
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import frame_origin, own_module_path
 from nan_hunter.trace.stats import TensorStats, finite_flag, stored_values, tensor_stats
 
 
@@ -63,87 +60,6 @@ class PassResult:
     estimated_zeros: bool = False
     """Whether the zero counts of some large FP16 results are estimates (a ``PassRunner`` with
     ``exact_zeros=False``, until ``recount``)."""
-
-
-class ModelState:
-    """A snapshot of everything a forward/backward can change in a model, and its restore.
-
-    Buffers (BatchNorm statistics, which kernels update in place) are copied up front.
-    Parameters are copied lazily: the tracer calls ``protect`` before any in-place op on a
-    tensor that shares a parameter's storage (``p.add_``, ``p.data.clamp_``), so a scan costs
-    no second copy of the weights. On restore, what was written to (version counter moved, or
-    protected) or swapped for a half-precision copy is put back.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self._model = model
-        with torch.no_grad():
-            self._buffers = [(b, b.data, b._version, b.detach().clone()) for b in model.buffers()]
-        self._params = [(p, p.data, p._version) for p in model.parameters()]
-        self._data_versions = [data._version for _, data, _ in self._params]
-        # Which tensor each module holds under each name: forward may rebind a buffer
-        # (``self.running = 0.9 * self.running + ...``); the original object is put back.
-        self._slots = [
-            (slots, name, tensor)
-            for m in model.modules()
-            for slots in (m._buffers, m._parameters)
-            for name, tensor in slots.items()
-        ]
-        self._storages = {_storage(p): p for p in model.parameters()}
-        self._saved: dict[int, torch.Tensor] = {}
-        self._grads = [(p, p.grad) for p in model.parameters()]
-        self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
-        self._training = [(m, m.training) for m in model.modules()]
-
-    def protect(self, tensor: torch.Tensor) -> None:
-        """Copy the parameter whose storage ``tensor`` shares, before it is written to."""
-        key = _storage(tensor)
-        param = self._storages.get(key)
-        if param is not None and key not in self._saved:
-            with torch.no_grad():
-                self._saved[key] = param.detach().clone()
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for slots, name, tensor in self._slots:
-                if slots.get(name) is not tensor:
-                    slots[name] = tensor
-            for live, data, version, saved in self._buffers:
-                if live.data is not data:  # converted for a half-precision pass
-                    live.data = data
-                if live._version != version or data._version != version:
-                    data.copy_(saved)
-            unrestorable = []
-            for (p, data, version), data_version in zip(
-                self._params, self._data_versions, strict=True
-            ):
-                # Swapped for a half-precision copy: in-place writes went to the copy.
-                swapped = p.dtype != data.dtype or p.data_ptr() != data.data_ptr()
-                if p.data is not data:
-                    p.data = data
-                copy = self._saved.get(_storage(data))
-                if copy is not None:
-                    data.copy_(copy)
-                elif (data._version != data_version) if swapped else (p._version != version):
-                    unrestorable.append(p)
-        for p, grad in self._grads:
-            p.grad = grad
-        for p, flag in self._requires_grad:
-            p.requires_grad_(flag)
-        for m, flag in self._training:  # parents first: a parent's train() sets its children
-            if m.training != flag:  # (each call recurses, and may be the user's override)
-                m.train(flag)
-        if unrestorable:
-            names = {id(p): n for n, p in self._model.named_parameters()}
-            raise UserCodeError(
-                "the model wrote to its parameters in place, out of nan-hunter's sight "
-                f"({', '.join(names.get(id(p), '?') for p in unrestorable)}); they cannot be "
-                "restored"
-            )
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -512,24 +428,24 @@ class _TracedForward:
     def run(self, precision: contextlib.AbstractContextManager[Any]) -> None:
         model, batch, tracer, modules = self._model, self._batch, self._tracer, self._modules
         if self._half:
-            with _user_errors(modules, f"the cast to {self._fmt.name} (model.half())"):
-                self._kept = _cast_model(model, self._fmt.dtype)  # passes the call on
+            with user_errors(modules, f"the cast to {self._fmt.name} (model.half())"):
+                self._kept = cast_model(model, self._fmt.dtype)  # passes the call on
             batch = _batch_to(batch, self._fmt.dtype)
         elif self._fp32:  # FP32 reference: FP16/BF16 weights (a model.half()) and inputs too
-            _to_dtype(model, torch.float32, only=LOW_PRECISION_DTYPES)
+            to_dtype(model, torch.float32, only=LOW_PRECISION_DTYPES)
             batch = _batch_to(batch, torch.float32, only=LOW_PRECISION_DTYPES)
         queries = (
             CudaQueries(tracer.note_cuda_query) if self._traced else contextlib.nullcontext()
         )
         with modules, self._numerics(None), self._ops, precision, queries:
-            with _user_errors(modules, "forward"):
+            with user_errors(modules, "forward"):
                 output = model(*batch.args, **batch.kwargs)  # passes the call on
             tracer.in_loss = True
             if self._loss_fn is not None:
-                with _user_errors(modules, "loss_fn"):
+                with user_errors(modules, "loss_fn"):
                     loss = self._loss_fn(output, batch.raw)  # passes the call on
             else:
-                with tracer.paused(), _user_errors(modules, "the default loss"):
+                with tracer.paused(), user_errors(modules, "the default loss"):
                     loss = default_loss(output)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise UserCodeError(f"loss_fn must return a scalar tensor, got {_describe(loss)}")
@@ -564,7 +480,7 @@ class _TracedForward:
             if gradients is not None:
                 gradients.watch(params, every=self._every_histogram)
             hooks = tracer.backward_hooks() if events else contextlib.nullcontext()
-            with modules, self._numerics(gradients), hooks, _user_errors(modules, "backward"):
+            with modules, self._numerics(gradients), hooks, user_errors(modules, "backward"):
                 grads = torch.autograd.grad(  # passes the call on
                     scaled, params, allow_unused=True, retain_graph=retain
                 )
@@ -635,27 +551,6 @@ def _param_grads(
     }
 
 
-def _cast_model(model: torch.nn.Module, dtype: torch.dtype) -> frozenset[str]:
-    """``model.half()`` (``.bfloat16()``) as torch does it, through each module's ``_apply``, so
-    a module that keeps itself in FP32 (an ``_apply`` override, as transformers'
-    ``_keep_in_fp32_modules`` fixes do) stays so; ``ModelState`` restores what it converted.
-    The names of the floating parameters and buffers it left in another dtype."""
-    model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
-    named = [*model.named_parameters(), *model.named_buffers()]
-    return frozenset(n for n, t in named if t.is_floating_point() and t.dtype != dtype)
-
-
-def _to_dtype(
-    model: torch.nn.Module, dtype: torch.dtype, only: frozenset[torch.dtype] | None = None
-) -> None:
-    """Floating parameters and buffers (of the dtypes ``only``, when given) to ``dtype`` in
-    place (``ModelState`` restores them)."""
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.is_floating_point() and (only is None or t.dtype in only):
-                t.data = t.data.to(dtype)
-
-
 def _batch_to(
     batch: Batch, dtype: torch.dtype, only: frozenset[torch.dtype] | None = None
 ) -> Batch:
@@ -670,102 +565,6 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return type(value).__name__
-
-
-@contextlib.contextmanager
-def _user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
-    """Re-raise an exception from the user's code with its frame and the modules executed."""
-    try:
-        yield
-    except (*NOT_THE_MODELS, StaleStatistics, UnmeasuredGradient):
-        raise
-    except BaseException as exc:
-        if _raised_by_nan_hunter(exc):
-            raise  # our own bug: an internal error, not the model's
-        frame = _last_user_frame(exc)
-        where = f" in module '{modules.current}'" if modules.current else ""
-        executed = ", ".join(repr(m) for m in modules.executed[-3:])
-        context = f"; executed modules up to {executed}" if executed else ""
-        modules.reset()
-        raise UserCodeError(
-            f"the model raised {type(exc).__name__} during {phase}{where}: "
-            f"{first_line(exc)}{context}",
-            user_frame=frame,
-        ) from exc
-
-
-PASSES_ON_MARK = "# passes the call on"
-"""Ends each line of a ``_PASSES_ON`` function that calls the user's model, loss, ops or
-autograd (or raises an error that is the model's, such as a banned op's)."""
-
-_PASSES_ON = frozenset(
-    {
-        ("trace/tracer.py", "__torch_function__"), ("trace/tracer.py", "call_or_replay"),
-        ("precision/emulation.py", "__torch_dispatch__"),
-        ("precision/override.py", "kernel"), ("precision/replay.py", "replay_in_fp32"),
-        ("precision/device_alias.py", "<lambda>"), ("runner.py", "run"), ("runner.py", "backward"),
-    }
-)  # fmt: skip
-"""nan-hunter's functions that call the user's model, loss, ops or autograd: an exception that
-comes out of the call they pass on (a line marked with ``PASSES_ON_MARK``) is the model's if
-whoever called them made the call for the model (see ``_raised_by_nan_hunter``); one from any
-other of their lines is ours."""
-
-_CALLS_THE_MODEL = frozenset({("runner.py", "run"), ("runner.py", "backward")})
-"""The ``_PASSES_ON`` functions that call the model, its loss or autograd for the scan itself:
-their callers are nan-hunter's passes, which made the call for the model."""
-
-
-def _raised_by_nan_hunter(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised by nan-hunter's own code (a statistic, the gradient log, a
-    hook), not by an op, a module or a function of the user's that it passed a call on to: the
-    innermost frame outside torch and Python's standard library is nan-hunter's, and not one of
-    ``_PASSES_ON`` at a line that passes the call on; or it is, and the call was passed on for
-    nan-hunter's own code (a hook of ours or the tracer's bookkeeping calling a torch function
-    that the tracer, the emulation or the device alias passes on): outwards from a pass-on
-    frame, the next frame outside torch and the standard library decides, up to the frame
-    that called the model (``_CALLS_THE_MODEL``)."""
-    frames = list(traceback.walk_tb(exc.__traceback__))
-    for frame, line in reversed(frames):
-        filename = frame.f_code.co_filename
-        origin = frame_origin(filename)
-        if origin == "torch" or filename.startswith("<") or _in_stdlib(filename):
-            continue  # Python's own code (``<string>``: a dataclass's ``__init__``) passes it on
-        if origin == "user":
-            return False
-        function = (own_module_path(filename), frame.f_code.co_name)
-        if function not in _PASSES_ON or not _passes_on(filename, line):
-            return True
-        if function in _CALLS_THE_MODEL:
-            return False
-    return False
-
-
-def _passes_on(filename: str, line: int) -> bool:
-    """Whether ``filename``'s ``line`` is marked as passing a call on; without the source (an
-    install without .py files), every line of a ``_PASSES_ON`` function counts as such."""
-    text = linecache.getline(filename, line)
-    return not text or text.rstrip().endswith(PASSES_ON_MARK)
-
-
-_STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve()) + "/"
-
-
-def _in_stdlib(filename: str) -> bool:
-    """Whether ``filename`` is in Python's standard library (not an installed package there)."""
-    resolved = Path(filename).resolve().as_posix()
-    return resolved.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(
-        resolved[len(_STDLIB) :].split("/")
-    )
-
-
-def _last_user_frame(exc: BaseException) -> str | None:
-    """``file:line`` of the innermost traceback frame in the user's own code."""
-    found = None
-    for summary in traceback.extract_tb(exc.__traceback__):
-        if frame_origin(summary.filename) == "user" and not _in_stdlib(summary.filename):
-            found = f"{summary.filename}:{summary.lineno}"
-    return found
 
 
 NO_PARAMETERS = "the model has no parameters: there is nothing to train"

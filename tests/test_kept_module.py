@@ -322,3 +322,13 @@ def test_a_mask_buffer_beyond_fp16_gets_its_module_kept_in_fp32_verified() -> No
     (kept,) = finding.fix.alternatives
     assert kept.verified, kept
     assert kept.title.startswith("Keep CausalAttn (block) in FP32 under .half()")
+
+
+def test_a_modules_own_apply_that_raises_under_half_is_the_models_error(tmp_path: Path) -> None:
+    from nan_hunter.errors import UserCodeError
+
+    path = tmp_path / "model.py"
+    keep = KEEP.replace("return t.to(cast.device)", "raise ValueError('no half')")
+    path.write_text(KEPT_MODEL.format(keep=keep), encoding="utf-8")
+    with pytest.raises(UserCodeError, match=r"during the cast to float16 \(model.half\(\)\)"):
+        scan_file(str(path), load_settings(overrides={"mode": "half"}))

@@ -27,7 +27,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.untrusted", "nan_hunter.shared_patch", "nan_hunter.descendants",
     )),
     ("precision/trace", ("nan_hunter.precision", "nan_hunter.trace")),
-    ("load/run", ("nan_hunter.loader", "nan_hunter.runner")),
+    ("load/run", (
+        "nan_hunter.loader", "nan_hunter.model_state", "nan_hunter.blame", "nan_hunter.runner",
+    )),
     ("results", ("nan_hunter.findings", "nan_hunter.suppressions")),
     ("analysis", ("nan_hunter.candidate", "nan_hunter.analysis")),
     ("rules", ("nan_hunter.rules",)),

@@ -1,5 +1,5 @@
 """Review rev19 of the error attribution (5d85a42): a function of ours that passes a call on
-(``runner._PASSES_ON``, at a line marked ``PASSES_ON_MARK``) makes an exception the model's only
+(``blame._PASSES_ON``, at a line marked ``PASSES_ON_MARK``) makes an exception the model's only
 when the call it passed on was made for the model. At 5d85a42 the innermost such frame decided
 alone, so our own code calling a torch function that the tracer, the emulation or the device
 alias passes on (the tracer's bookkeeping, a module hook of ours) raised "the model raised ...":
@@ -18,8 +18,8 @@ from torch import nn
 
 import nan_hunter.trace.tracer as tracer
 from nan_hunter.api import scan
+from nan_hunter.blame import _CALLS_THE_MODEL, _PASSES_ON
 from nan_hunter.errors import UserCodeError
-from nan_hunter.runner import _CALLS_THE_MODEL, _PASSES_ON
 
 
 def _model() -> nn.Module:

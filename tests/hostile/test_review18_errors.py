@@ -119,7 +119,7 @@ def test_every_function_that_passes_a_call_on_exists() -> None:
     from pathlib import Path
 
     import nan_hunter
-    from nan_hunter.runner import _PASSES_ON
+    from nan_hunter.blame import _PASSES_ON
 
     root = Path(nan_hunter.__file__).parent
     for relative, name in sorted(_PASSES_ON):

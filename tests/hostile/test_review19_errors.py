@@ -1,4 +1,4 @@
-"""Error attribution, round 19: a function that passes a call on (``runner._PASSES_ON``) decides
+"""Error attribution, round 19: a function that passes a call on (``blame._PASSES_ON``) decides
 "the model's" only at the lines that pass the call on (marked ``PASSES_ON_MARK``); an exception
 from any other of its lines is a bug of ours (at 9a3dd77 it read "the model raised ...")."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,8 +16,8 @@ from torch import nn
 import nan_hunter
 import nan_hunter.precision.emulation as emulation
 from nan_hunter.api import scan
+from nan_hunter.blame import _PASSES_ON, PASSES_ON_MARK, _passes_on
 from nan_hunter.errors import UserCodeError
-from nan_hunter.runner import _PASSES_ON, PASSES_ON_MARK, _passes_on
 
 
 def test_our_bug_on_a_line_of_the_emulation_itself_is_not_the_models(
@@ -69,7 +68,9 @@ def test_without_the_source_every_line_passes_the_call_on(tmp_path: Path) -> Non
     """An install without .py files: as before the marks, the model's."""
     assert _passes_on(str(tmp_path / "gone.py"), 3)
     assert not _passes_on(__file__, 1)
-    assert _passes_on(sys.modules[_passes_on.__module__].__file__ or "", _marked_line())
+    import nan_hunter.runner as runner
+
+    assert _passes_on(runner.__file__, _marked_line())
 
 
 def _marked_line() -> int:

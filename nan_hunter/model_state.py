@@ -1,0 +1,112 @@
+"""A model's state across a scan: the snapshot and exact restore of its parameters, buffers,
+``.grad``, ``requires_grad`` and train/eval flags, and the dtype casts of a pass that the
+restore undoes (``model.half()`` for half mode, FP32 for the reference of a model already in
+FP16)."""
+
+from __future__ import annotations
+
+import torch
+
+from nan_hunter.errors import UserCodeError
+
+
+class ModelState:
+    """A snapshot of everything a forward/backward can change in a model, and its restore.
+
+    Buffers (BatchNorm statistics, which kernels update in place) are copied up front.
+    Parameters are copied lazily: the tracer calls ``protect`` before any in-place op on a
+    tensor that shares a parameter's storage (``p.add_``, ``p.data.clamp_``), so a scan costs
+    no second copy of the weights. On restore, what was written to (version counter moved, or
+    protected) or swapped for a half-precision copy is put back.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = model
+        with torch.no_grad():
+            self._buffers = [(b, b.data, b._version, b.detach().clone()) for b in model.buffers()]
+        self._params = [(p, p.data, p._version) for p in model.parameters()]
+        self._data_versions = [data._version for _, data, _ in self._params]
+        # Which tensor each module holds under each name: forward may rebind a buffer
+        # (``self.running = 0.9 * self.running + ...``); the original object is put back.
+        self._slots = [
+            (slots, name, tensor)
+            for m in model.modules()
+            for slots in (m._buffers, m._parameters)
+            for name, tensor in slots.items()
+        ]
+        self._storages = {_storage(p): p for p in model.parameters()}
+        self._saved: dict[int, torch.Tensor] = {}
+        self._grads = [(p, p.grad) for p in model.parameters()]
+        self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
+        self._training = [(m, m.training) for m in model.modules()]
+
+    def protect(self, tensor: torch.Tensor) -> None:
+        """Copy the parameter whose storage ``tensor`` shares, before it is written to."""
+        key = _storage(tensor)
+        param = self._storages.get(key)
+        if param is not None and key not in self._saved:
+            with torch.no_grad():
+                self._saved[key] = param.detach().clone()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for slots, name, tensor in self._slots:
+                if slots.get(name) is not tensor:
+                    slots[name] = tensor
+            for live, data, version, saved in self._buffers:
+                if live.data is not data:  # converted for a half-precision pass
+                    live.data = data
+                if live._version != version or data._version != version:
+                    data.copy_(saved)
+            unrestorable = []
+            for (p, data, version), data_version in zip(
+                self._params, self._data_versions, strict=True
+            ):
+                # Swapped for a half-precision copy: in-place writes went to the copy.
+                swapped = p.dtype != data.dtype or p.data_ptr() != data.data_ptr()
+                if p.data is not data:
+                    p.data = data
+                copy = self._saved.get(_storage(data))
+                if copy is not None:
+                    data.copy_(copy)
+                elif (data._version != data_version) if swapped else (p._version != version):
+                    unrestorable.append(p)
+        for p, grad in self._grads:
+            p.grad = grad
+        for p, flag in self._requires_grad:
+            p.requires_grad_(flag)
+        for m, flag in self._training:  # parents first: a parent's train() sets its children
+            if m.training != flag:  # (each call recurses, and may be the user's override)
+                m.train(flag)
+        if unrestorable:
+            names = {id(p): n for n, p in self._model.named_parameters()}
+            raise UserCodeError(
+                "the model wrote to its parameters in place, out of nan-hunter's sight "
+                f"({', '.join(names.get(id(p), '?') for p in unrestorable)}); they cannot be "
+                "restored"
+            )
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> frozenset[str]:
+    """``model.half()`` (``.bfloat16()``) as torch does it, through each module's ``_apply``, so
+    a module that keeps itself in FP32 (an ``_apply`` override, as transformers'
+    ``_keep_in_fp32_modules`` fixes do) stays so; ``ModelState`` restores what it converted.
+    The names of the floating parameters and buffers it left in another dtype."""
+    model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)  # passes the call on
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return frozenset(n for n, t in named if t.is_floating_point() and t.dtype != dtype)
+
+
+def to_dtype(
+    model: torch.nn.Module, dtype: torch.dtype, only: frozenset[torch.dtype] | None = None
+) -> None:
+    """Floating parameters and buffers (of the dtypes ``only``, when given) to ``dtype`` in
+    place (``ModelState`` restores them)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point() and (only is None or t.dtype in only):
+                t.data = t.data.to(dtype)
