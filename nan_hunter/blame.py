@@ -20,8 +20,9 @@ from nan_hunter.trace.source import frame_origin, own_module_path
 
 
 @contextlib.contextmanager
-def user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
-    """Re-raise an exception from the user's code with its frame and the modules executed."""
+def user_errors(modules: ModuleTracker | None, phase: str) -> Iterator[None]:
+    """Re-raise an exception from the user's code with its frame and the modules executed
+    (``modules``: the tracker of a pass; none outside one)."""
     try:
         yield
     except (*NOT_THE_MODELS, StaleStatistics, UnmeasuredGradient):
@@ -30,10 +31,12 @@ def user_errors(modules: ModuleTracker, phase: str) -> Iterator[None]:
         if _raised_by_nan_hunter(exc):
             raise  # our own bug: an internal error, not the model's
         frame = _last_user_frame(exc)
-        where = f" in module '{modules.current}'" if modules.current else ""
-        executed = ", ".join(repr(m) for m in modules.executed[-3:])
-        context = f"; executed modules up to {executed}" if executed else ""
-        modules.reset()
+        where = context = ""
+        if modules is not None:
+            where = f" in module '{modules.current}'" if modules.current else ""
+            executed = ", ".join(repr(m) for m in modules.executed[-3:])
+            context = f"; executed modules up to {executed}" if executed else ""
+            modules.reset()
         raise UserCodeError(
             f"the model raised {type(exc).__name__} during {phase}{where}: "
             f"{first_line(exc)}{context}",

@@ -12,6 +12,7 @@ import torch
 
 from nan_hunter.analysis import analyse, backward_origins, failures, forward_origins
 from nan_hunter.batch import Batch
+from nan_hunter.blame import user_errors
 from nan_hunter.candidate import Candidate, ScanEvidence
 from nan_hunter.config import Settings
 from nan_hunter.findings import (
@@ -71,7 +72,8 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         policy=settings.policy,
         notes=target.unwrapped,
     )
-    model = target.model.to(device)
+    with user_errors(None, f"the move to {device} (model.to({device!r}))"):
+        model = target.model.to(device)  # its modules' own _apply run
     batch = _batch_on(target.batch, device)
 
     bad = _detected("inputs", ScanEvidence(settings, fmt, batch))

@@ -332,3 +332,13 @@ def test_a_modules_own_apply_that_raises_under_half_is_the_models_error(tmp_path
     path.write_text(KEPT_MODEL.format(keep=keep), encoding="utf-8")
     with pytest.raises(UserCodeError, match=r"during the cast to float16 \(model.half\(\)\)"):
         scan_file(str(path), load_settings(overrides={"mode": "half"}))
+
+
+def test_a_modules_own_apply_that_raises_on_the_move_is_the_models_error(tmp_path: Path) -> None:
+    from nan_hunter.errors import UserCodeError
+
+    path = tmp_path / "model.py"
+    keep = KEEP.replace("            cast = fn(t)\n", "            raise ValueError('no move')\n")
+    path.write_text(KEPT_MODEL.format(keep=keep), encoding="utf-8")
+    with pytest.raises(UserCodeError, match=r"during the move to cpu .*: no move"):
+        scan_file(str(path))
