@@ -1,6 +1,6 @@
-"""attack20: a model file whose name is not UTF-8 (``mod\\xe8le.py``, a Latin-1 name on a
+"""A model file whose name is not UTF-8 (``mod\\xe8le.py``, a Latin-1 name on a
 UTF-8 system; Python holds it as ``mod\\udce8le.py``). Text, JSON, GitHub, Markdown and JUnit
-reports were fine; at 9edd299 ``--format sarif`` ended in a raw ``UnicodeEncodeError:
+reports were fine; before ``--format sarif`` ended in a raw ``UnicodeEncodeError:
 'utf-8' codec can't encode character '\\udce8'`` traceback from ``urllib.parse.quote``,
 exit 1 (read by CI as "findings") and no SARIF. Now the file's URI percent-encodes its bytes
 (``mod%E8le.py``)."""

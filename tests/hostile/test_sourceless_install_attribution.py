@@ -1,6 +1,6 @@
-"""Review rev20 of error attribution by a file's path inside the package (eb3b67b): its
+"""Error attribution by a file's path inside the package: its
 ``_passes_on`` reads an install without .py files (only legacy .pyc, as a compileall -b build
-leaves) as passing every line of a pass-on function on. At 9edd299 such an install never got
+leaves) as passing every line of a pass-on function on. Before, such an install never got
 that far: ``config.known_codes`` read the rule codes from ``rules/nh*.py`` file names only, found
 none, and every scan (the default config selects ``NH``) ended in "'select' has an unknown rule
 code 'NH'"."""

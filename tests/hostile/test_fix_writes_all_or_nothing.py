@@ -1,6 +1,6 @@
-"""attack20: ``--fix`` with fixes in two files (verified together, as independent fixes of one
+"""``--fix`` with fixes in two files (verified together, as independent fixes of one
 re-scan) when the second file cannot be written (read-only). README: "A read-only file or
-folder is refused with one line; nothing is changed." At 9edd299 the first file was already
+folder is refused with one line; nothing is changed." Before, the first file was already
 rewritten (and backed up) when the second was refused: exit 2, and the project half-fixed, in
 a state no re-scan had verified. Now every file is checked before any is written, and a write
 that fails after others (a full disk) puts those back."""

@@ -1,5 +1,5 @@
 """Nested tensors (``torch.nested``): no statistic a scan takes (``aminmax``, the counts) has a
-kernel for one, so a model that computes with them ended at 9a3dd77 in "internal error:
+kernel for one, so a model that computes with them ended before in "internal error:
 NotImplementedError: Could not run 'aten::aminmax.out' with arguments from the
 'NestedTensorCPU' backend". A scan now refuses them in one line naming the model's line, and a
 nested batch at load time, as it refuses sparse ones. Meta tensors that torch's own Python builds
@@ -57,7 +57,7 @@ def test_a_nested_batch_is_refused_at_load() -> None:
 
 
 def test_a_loss_on_the_meta_device_is_the_models_error() -> None:
-    """At 9a3dd77: "internal error: RuntimeError: Tensor.item() cannot be called on meta
+    """Before: "internal error: RuntimeError: Tensor.item() cannot be called on meta
     tensors" (the loss's statistics)."""
 
     class MetaOut(nn.Module):

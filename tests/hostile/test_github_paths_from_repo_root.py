@@ -1,6 +1,6 @@
-"""attack20: ``--format github`` from a subfolder of the repository (a CI step with
+"""``--format github`` from a subfolder of the repository (a CI step with
 ``working-directory: ml``). GitHub places an annotation by its ``file=``, a path from the
-repository root; at 9edd299 it was the path from the working directory (``models/net.py``
+repository root; before it was the path from the working directory (``models/net.py``
 for ``ml/models/net.py``), so the annotation missed the file in the pull request, while the
 SARIF of the same run said ``ml/models/net.py``. Now both are repository paths."""
 

@@ -1,4 +1,4 @@
-"""attack20: ``--loss-fn NAME`` that the model file does not define (a typo). At 9edd299 the
+"""``--loss-fn NAME`` that the model file does not define (a typo). Before, the
 scan went on silently with the default loss (the sum of the outputs' means) and exited 0: a CI
 check that passed on a loss nobody asked for. Now a name given on the command line must exist,
 like ``--model-fn`` and ``--batch-fn``; the default name ``loss_fn`` stays optional."""

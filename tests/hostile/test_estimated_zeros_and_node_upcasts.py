@@ -1,6 +1,6 @@
-"""Review r17 of the scan-speed change (c39038d..1da7550, then 939a983): estimated zeros and
-their recount, and the backward's per-node FP32 copies (``_NodeUpcasts``). Each test fails at
-1da7550; at 939a983 (``PassRunner.recount``) the first two pass and the others still fail."""
+"""The scan's speed measures: estimated zeros and their recount, and the backward's per-node
+FP32 copies (``_NodeUpcasts``). Each test failed before them; with ``PassRunner.recount`` alone
+the first two pass and the others still fail."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_the_exact_pass_after_a_forward_not_kept_draws_the_same_dropout_masks(
     backward: bool,
 ) -> None:
     """``PassRunner.recount`` runs the forward again "from the RNG state [...] (the same
-    dropout masks)"; a forward beyond ``RETAIN_BYTES`` is not kept, and at 1da7550 the exact
+    dropout masks)"; a forward beyond ``RETAIN_BYTES`` is not kept, and before the exact
     pass then drew the next masks instead."""
     assert _N * _N > EXACT_UP_TO
     torch.manual_seed(0)
@@ -81,7 +81,7 @@ def test_an_error_found_on_one_dropout_mask_is_reported_whether_the_forward_is_k
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first pass finds the inf its mask let through; the recount must count that same
-    pass. At 1da7550, when the forward is not kept (outputs beyond ``RETAIN_BYTES``), the exact
+    pass. Before, when the forward is not kept (outputs beyond ``RETAIN_BYTES``), the exact
     pass drew fresh masks: with seed 7 the error vanished (a clean report), with seed 4 an NH109
     became an NH900."""
     seeds = range(8)
@@ -117,8 +117,8 @@ def test_the_exact_pass_repeats_the_analysed_pass_not_the_loss_scale_window_s(
 ) -> None:
     """A fixed loss scale whose gradients overflow (NH401 in the first layer's backward, how
     many values depends on the dropout mask): the loss-scale window runs an unscaled pass after
-    the analysed one. The recount must repeat the analysed pass's forward, kept or not; at
-    1da7550 and at 939a983, without a kept forward, it repeats the window pass's instead."""
+    the analysed one. The recount must repeat the analysed pass's forward, kept or not;
+    before, without a kept forward, it repeated the window pass's instead."""
     kept = _backward_findings(0)
     assert [code for code, _, _ in kept] == ["NH401"]
     monkeypatch.setattr(runner_module, "RETAIN_BYTES", 0)
@@ -131,7 +131,7 @@ def test_the_exact_pass_repeats_the_analysed_pass_not_the_loss_scale_window_s(
 def test_a_gradient_a_hook_rescales_through_data_is_read_rescaled() -> None:
     """A tensor hook runs inside the node that consumes the gradient (same current node): it
     reads the gradient (an emulated op: its FP32 copy is cached under that node), then halves it
-    through ``.data``, which moves no version counter of the gradient itself. At 1da7550 the
+    through ``.data``, which moves no version counter of the gradient itself. Before the
     node's mm reads the stale copy: the weight's gradient is twice what it should be."""
     torch.manual_seed(0)
     x = torch.randn(4, 8).half()
@@ -181,7 +181,7 @@ class _WithConstant(nn.Module):
 @pytest.mark.parametrize("hooked", [False, True])
 def test_a_backward_that_reads_an_inference_tensor_scans(hooked: bool) -> None:
     """A constant made under ``torch.inference_mode()`` read by a custom Function's backward or
-    a gradient hook: ``x.float()`` reads it fine, but at 1da7550 the upcast cache asks for its
+    a gradient hook: ``x.float()`` reads it fine, but before the upcast cache asks for its
     ``_version`` and the scan fails ("Inference tensors do not track version counter")."""
     torch.manual_seed(0)
     report = nan_hunter.scan(_WithConstant(hooked), torch.randn(4, 8), verify_fixes=False)
@@ -219,7 +219,7 @@ class _Three(nn.Module):
 
 
 def test_a_failed_backward_s_graph_is_freed_before_the_pass_runs_again() -> None:
-    """The kept graph's second backward fails; the pass runs whole again. At 1da7550 the
+    """The kept graph's second backward fails; the pass runs whole again. Before the
     gradient log still holds the last autograd node it asked about (``reset`` does not let go
     of it), and through it the first forward's activations live on beside the second's."""
     import gc

@@ -1,11 +1,11 @@
-"""attack20: ``sample_batch()`` reads its batch through a ``DataLoader`` whose workers start
-with the spawn or forkserver method (the default on macOS, and on Linux from Python 3.14). At
-9edd299 the model file was imported under an internal name (``_nan_hunter_user_model_1d814b``)
-that no other process can import, so each worker failed to unpickle the dataset ("No module
-named '_nan_hunter_user_...'") and the scan ended with "DataLoader worker ... exited
-unexpectedly" (exit 2). Now the scan process imports the file under its own name, as ``import
-model`` would do, whenever that name is free (the Python API, in the caller's process, keeps
-the internal name)."""
+"""``sample_batch()`` reads its batch through a ``DataLoader`` whose workers start with the spawn
+or forkserver method (the default on macOS, and on Linux from Python 3.14). Before the model
+file was imported under an internal name (``_nan_hunter_user_model_1d814b``) that no other
+process can import, so each worker failed to unpickle the dataset ("No module named
+'_nan_hunter_user_...'") and the scan ended with "DataLoader worker ... exited unexpectedly"
+(exit 2). Now the scan process imports the file under its own name, as ``import model`` would
+do, whenever that name is free (the Python API, in the caller's process, keeps the internal
+name)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""attack20: the model file changes between the scan and ``--fix`` (the user saves it in an
-editor while the scan, or its fixes' verification, runs). At 9edd299 the fix's edits (offsets
+"""The model file changes between the scan and ``--fix`` (the user saves it in an
+editor while the scan, or its fixes' verification, runs). Before, the fix's edits (offsets
 into the text as scanned) were applied to whatever was on disk: two lines added at the top
 moved every offset, and ``--fix`` wrote a file with the fix spliced into the middle of another
 line (``eye = torch.eye(N_ATOMS        with torch.autocast(...``), said "fixed NH101", and the
@@ -94,7 +94,7 @@ def _edited_after_the_scan(work: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_patch_and_diff_of_a_file_changed_since_the_scan(
     args: list[str], work: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At 9edd299: an uncaught ``EditConflict`` (a traceback), or a patch against the old
+    """Before: an uncaught ``EditConflict`` (a traceback), or a patch against the old
     text."""
     path = _edited_after_the_scan(work, monkeypatch)
     before = path.read_bytes()

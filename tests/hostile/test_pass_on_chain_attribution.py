@@ -1,6 +1,6 @@
-"""Review rev19 of the error attribution (5d85a42): a function of ours that passes a call on
+"""Error attribution: a function of ours that passes a call on
 (``blame._PASSES_ON``, at a line marked ``PASSES_ON_MARK``) makes an exception the model's only
-when the call it passed on was made for the model. At 5d85a42 the innermost such frame decided
+when the call it passed on was made for the model. Before, the innermost such frame decided
 alone, so our own code calling a torch function that the tracer, the emulation or the device
 alias passes on (the tracer's bookkeeping, a module hook of ours) raised "the model raised ...":
 now the next frame outwards decides, up to the frame that called the model.
@@ -35,7 +35,7 @@ def test_our_bookkeeping_through_the_device_alias_is_not_the_models(
     monkeypatch.setattr(tracer, "_AUTOCAST_DEVICES", ("bogus", "cpu"))  # a bug of ours
     with pytest.raises(RuntimeError, match="device string: bogus") as raised:
         scan(_model(), torch.randn(4, 8))
-    assert not isinstance(raised.value, UserCodeError)  # at 5d85a42: "the model raised ..."
+    assert not isinstance(raised.value, UserCodeError)  # before: "the model raised ..."
 
 
 def test_our_module_hook_through_the_tracer_is_not_the_models(
@@ -46,7 +46,7 @@ def test_our_module_hook_through_the_tracer_is_not_the_models(
     monkeypatch.setattr(tracer, "output_leaves", functools.partial(torch.reshape, shape=(-1, 7)))
     with pytest.raises(RuntimeError, match=r"shape '\[-1, 7\]' is invalid") as raised:
         scan(_model(), torch.randn(4, 8))
-    assert not isinstance(raised.value, UserCodeError)  # at 5d85a42: "the model raised ..."
+    assert not isinstance(raised.value, UserCodeError)  # before: "the model raised ..."
 
 
 class _Doubling(torch.autograd.Function):

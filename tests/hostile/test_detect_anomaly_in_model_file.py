@@ -1,5 +1,5 @@
-"""attack20: a model file that turns on ``torch.autograd.set_detect_anomaly(True)`` (what users
-do first when hunting a NaN). At 9edd299 the scan's own FP16 backward, whose NaN gradients are
+"""A model file that turns on ``torch.autograd.set_detect_anomaly(True)`` (what users
+do first when hunting a NaN). Before, the scan's own FP16 backward, whose NaN gradients are
 what the scan is there to analyse, raised autograd's anomaly error, and the scan ended with
 "the model raised RuntimeError during backward: Function 'AddmmBackward0' returned nan
 values in its 2th output" (exit 2) and a page of anomaly-mode traceback. Now anomaly detection
@@ -55,7 +55,7 @@ def test_the_users_anomaly_mode_is_restored() -> None:
 
 @pytest.mark.slow
 def test_steps_find_the_breaking_step_with_anomaly_detection_on(work: Path) -> None:
-    """At 9edd299: 'RuntimeError in the backward of training step 11: Function
+    """Before: 'RuntimeError in the backward of training step 11: Function
     'AddmmBackward0' returned nan values in its 0th output.' (exit 2)."""
     path = _with_anomaly(EXAMPLES / "training_loop_watch.py", work)
     result = CliRunner().invoke(

@@ -1,7 +1,7 @@
-"""attack20: ``--weights`` with a checkpoint saved from the wrapped model (DDP or DataParallel:
+"""``--weights`` with a checkpoint saved from the wrapped model (DDP or DataParallel:
 ``module.`` before every key; ``torch.compile``: ``_orig_mod.``) while ``build_model()``
 returns the plain module, as training scripts save and model files build. The README's promise
-covered only the other way round (a wrapped model, a plain state_dict); at 9edd299 this way
+covered only the other way round (a wrapped model, a plain state_dict); before this way
 ended in "does not fit the model: ... Missing key(s) ... fc1.weight" (exit 2). Now the
 wrapper's prefix is taken off when the keys then fit exactly; keys that fit neither way are
 still refused in one line."""

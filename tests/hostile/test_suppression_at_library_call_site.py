@@ -1,6 +1,6 @@
-"""attack20: a finding whose op runs inside an installed library (transformers' attention,
+"""A finding whose op runs inside an installed library (transformers' attention,
 here a tiny stand-in in a site-packages folder) has its location in the library and a
-``call_site`` in the user's file, where its fix goes. At 9edd299 a suppression comment could
+``call_site`` in the user's file, where its fix goes. Before, a suppression comment could
 only be on the location's line, a file the user does not own: ``# nan-hunter: ignore[NH102]
 -- ...`` on the call-site line was ignored, the finding stayed an error (exit 1) and the only
 way out was ``--ignore NH102`` for the whole project. Now the call-site line suppresses it."""

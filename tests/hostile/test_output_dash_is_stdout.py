@@ -1,5 +1,5 @@
-"""attack20: ``-o -``, the usual spelling of "standard output" (``nan-hunter scan models
---format sarif -o - | ...``). At 9edd299 it wrote the report to a file named ``-`` in the
+"""``-o -``, the usual spelling of "standard output" (``nan-hunter scan models
+--format sarif -o - | ...``). Before, it wrote the report to a file named ``-`` in the
 working folder and left stdout empty. Now ``-o -`` is stdout, as without ``-o``."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Review r18 of the gradient log's sparse gradients (fecd843): a gradient that stores no
+"""Gradient log's sparse gradients: a gradient that stores no
 values, a sparse one whose ids are all ``padding_idx`` (a feature missing from the whole sample
 batch) or an empty parameter's, has nothing to measure; ``aminmax`` of no values raised, and the
-scan failed (at 14bfaba an internal error; before it, "the model raised ... during backward")."""
+scan failed (before an internal error; before it, "the model raised ... during backward")."""
 
 from __future__ import annotations
 

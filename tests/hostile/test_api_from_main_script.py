@@ -1,4 +1,4 @@
-"""Review r17 (noticed beside the speed change, present at c39038d too): ``nan_hunter.scan``
+"""``nan_hunter.scan``
 called from a script whose model class lives in ``__main__``. Verifying a fix imports the
 patched copy of the script as ``__main__``, so its ``if __name__ == "__main__":`` block (the
 user's training loop, here a second scan) runs again inside the scan."""

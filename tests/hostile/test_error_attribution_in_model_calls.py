@@ -1,12 +1,12 @@
-"""Review r18 of the error attribution (1836ecb): an exception raised while the model runs is
+"""Error attribution: an exception raised while the model runs is
 the model's only when its code, or an op, hook or function it ran, raised it.
 
 - A frame of Python's standard library (or of code Python generates, ``<string>``: a
-  dataclass's ``__init__`` or frozen ``__setattr__``) only passes an exception on: at 1836ecb it
+  dataclass's ``__init__`` or frozen ``__setattr__``) only passes an exception on: before it
   decided as the model's, so a bug of ours that struck inside ``copy``, ``dataclasses`` ... was
   "the model raised"; and a model's error raised there pointed at the library's line.
 - A model whose output is a dataclass with a field it never set (``field(init=False)``) is fine;
-  the module tracker's walk of the output raised AttributeError on it (at 1836ecb an internal
+  the module tracker's walk of the output raised AttributeError on it (before an internal
   error; before, "the model raised").
 - Guards: every function ``_PASSES_ON`` names exists, and the model's errors that come out of
   the autocast policy's kernel and the device alias are the model's (each fails without its
@@ -55,7 +55,7 @@ def test_the_models_error_inside_a_standard_library_call_is_the_models() -> None
     torch.manual_seed(0)
     with pytest.raises(UserCodeError, match=r"the model raised TypeError during forward") as raised:
         scan(Decodes(), torch.randn(4, 8))
-    # the model's line, not dataclasses.py's (at 1836ecb, a standard-library frame was the user's)
+    # the model's line, not dataclasses.py's (before, a standard-library frame was the user's)
     assert (raised.value.user_frame or "").startswith(f"{__file__}:")
 
 

@@ -1,5 +1,5 @@
 """Review rev19: the default loss (no ``loss_fn``) runs on the model's output with the tracer
-paused, outside the attribution the forward and ``loss_fn`` get. At 5d85a42 an error raised
+paused, outside the attribution the forward and ``loss_fn`` get. Before, an error raised
 there by the output's own class (a tensor subclass) was "internal error: ...", and a sparse
 output (``mean`` has no sparse kernel) ended the scan with "internal error: NotImplementedError:
 Could not run 'aten::mean.dim' ...", even beside a dense output the loss could use."""

@@ -1,5 +1,5 @@
-"""attack20: ``--fix`` and ``--fix-all`` on a model given as ``pkg.module`` (a ``src/`` layout
-whose model module uses relative imports). At 9edd299 the re-scan after the write imported the
+"""``--fix`` and ``--fix-all`` on a model given as ``pkg.module`` (a ``src/`` layout
+whose model module uses relative imports). Before, the re-scan after the write imported the
 module's *file* instead of the module, so the relative import failed: ``--fix`` wrote the fix
 and then exited 2 with "attempted relative import with no known parent package" (a changed
 file and a failed CI step), and ``--fix-all`` failed before fixing anything."""
@@ -76,7 +76,7 @@ def test_fix_of_a_dotted_module_rescans_the_module(
 
 
 def test_a_package_module_given_as_a_file_says_how_to_scan_it(work: Path) -> None:
-    """At 9edd299 the error stopped at Python's "attempted relative import with no known
+    """Before the error stopped at Python's "attempted relative import with no known
     parent package", with nothing on what to run instead."""
     pkg = _project(work)
     result = CliRunner().invoke(app, ["scan", "src/mypkg/models/net.py", "-q"])

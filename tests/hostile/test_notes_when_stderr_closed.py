@@ -1,7 +1,7 @@
-"""The scan process's notes (``--fix``, ``--fix-all``, ``--steps``) when the model's code closed
-or replaced ``sys.stderr``: the report and exit code survive, and the note is still shown (at
-9a3dd77 the note's write raised in the scan process: a file already fixed, and the scan ended
-in "internal error: ValueError: I/O operation on closed file" with no report)."""
+"""The scan process's notes (``--fix``, ``--fix-all``, ``--steps``) when the model's code closed or
+replaced ``sys.stderr``: the report and exit code survive, and the note is still shown (before
+the note's write raised in the scan process: a file already fixed, and the scan ended in
+"internal error: ValueError: I/O operation on closed file" with no report)."""
 
 from __future__ import annotations
 

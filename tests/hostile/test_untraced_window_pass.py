@@ -1,8 +1,8 @@
-"""Review r18 of the untraced forward of a loss-scale window's pass (14bfaba): where the graph
+"""Untraced forward of a loss-scale window's pass: where the graph
 was not kept, the window's pass runs its forward without the tracer, and so without what the
 tracer does besides recording: an op CUDA's autocast stops is run again in FP32 (the scan goes
 on and reports it), and an in-place write to a parameter is announced so that the parameter is
-restored after the pass. The first three tests fail at 14bfaba (with ``RETAIN_BYTES`` large, the
+restored after the pass. The first three tests fail before (with ``RETAIN_BYTES`` large, the
 graph kept, they pass there): the report must be the same either way. The last one guards the
 fix: an op of the model failing in the untraced forward is still the model's error."""
 
@@ -80,7 +80,7 @@ def test_a_banned_op_is_replayed_in_the_untraced_forward_too(
         ("NH402", "torch.nn.functional.mse_loss"),
     ]
     assert kept.loss_scale is not None
-    assert _scan("", _banned_op_too, 0, monkeypatch) == kept  # at 14bfaba: "the model raised"
+    assert _scan("", _banned_op_too, 0, monkeypatch) == kept  # before: "the model raised"
 
 
 class _MaskedAttention(nn.Module):
@@ -102,7 +102,7 @@ def test_a_mask_constant_beyond_fp16_is_replayed_in_the_untraced_forward_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reports = []
-    for retain in (1 << 40, 0):  # at 14bfaba, 0: "the model raised RuntimeError ... overflow"
+    for retain in (1 << 40, 0):  # before, 0: "the model raised RuntimeError ... overflow"
         monkeypatch.setattr(runner, "RETAIN_BYTES", retain)
         torch.manual_seed(0)
         report = scan(_MaskedAttention(), _batch(), _underflowing_loss)
@@ -116,7 +116,7 @@ def test_a_mask_constant_beyond_fp16_is_replayed_in_the_untraced_forward_too(
 def test_a_parameter_written_in_the_untraced_forward_is_restored(
     clip: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At 14bfaba: ``clamp_`` under no_grad made the scan fail ("the model wrote to its
+    """Before: ``clamp_`` under no_grad made the scan fail ("the model wrote to its
     parameters in place, out of nan-hunter's sight"); through ``.data`` (no version change)
     the clipped weights stayed in the user's model."""
     kept = _scan(clip, _underflowing_loss, 1 << 40, monkeypatch)

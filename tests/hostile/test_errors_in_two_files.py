@@ -1,8 +1,8 @@
-"""attack20: a model with an error in its own file and another in a sibling module it imports
+"""A model with an error in its own file and another in a sibling module it imports
 (``layers.py``), the most ordinary multi-file project. Verifying the first fix re-scans a mirror
 of the project in which unedited files are symbolic links; building the re-scan's fix for the
 sibling's finding resolved the link to the project's file and then asked for the mirror's path
-relative to that folder. At 9edd299 the whole scan ended in "internal error: ValueError:
+relative to that folder. Before, the whole scan ended in "internal error: ValueError:
 '/tmp/nan-hunter-verify-.../layers.py' is not in the subpath of ..." (exit 2), with or without
 git; so did a model whose sibling module is a link to a file outside the project. Now both
 findings get fixes, verified as far as they can be, and ``--fix-all`` writes both files."""

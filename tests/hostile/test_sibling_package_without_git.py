@@ -1,8 +1,8 @@
-"""attack20: a project without git whose model script (``proj/scripts/train_model.py``) puts the
+"""A project without git whose model script (``proj/scripts/train_model.py``) puts the
 project folder on ``sys.path`` and imports its package (``proj/mylib/layers.py``, where the
 overflow is); the same holds for a package installed with ``pip install -e``.
 
-At 9edd299:
+Before, :
 - run from ``proj/scripts`` (or from a folder outside the project), the fix's verification
   mirrored only the entry's folder: "not verified: the re-scan failed: .../mylib/layers.py is
   outside the project root .../scripts", so ``--fix`` wrote nothing, and ``--patch`` wrote

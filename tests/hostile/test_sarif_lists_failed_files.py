@@ -1,6 +1,6 @@
-"""attack20: SARIF of a run over several model files where one cannot be scanned. Every other
+"""SARIF of a run over several model files where one cannot be scanned. Every other
 format says so (text "failed:", JSON ``failed``, JUnit an error case, GitHub an error line,
-Markdown "Not scanned"); at 9edd299 the SARIF held the other files' results and nothing about
+Markdown "Not scanned"); before the SARIF held the other files' results and nothing about
 the failure, so code scanning showed a partial run as a complete one. Now the run has an
 invocation with ``executionSuccessful: false`` and one error notification per failed file
 (SARIF 2.1.0 §3.20), valid against the official schema; a run without failures is unchanged."""

@@ -1,6 +1,6 @@
-"""Error attribution, round 19: a function that passes a call on (``blame._PASSES_ON``) decides
+"""Error attribution: a function that passes a call on (``blame._PASSES_ON``) decides
 "the model's" only at the lines that pass the call on (marked ``PASSES_ON_MARK``); an exception
-from any other of its lines is a bug of ours (at 9a3dd77 it read "the model raised ...")."""
+from any other of its lines is a bug of ours (before it read "the model raised ...")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Review rev19 of the model-file check before a scan process starts (7dd01da): a path the
+"""Model-file check before a scan process starts: a path the
 system cannot even look at (a name longer than the file system allows; a folder the user may not
 enter, which a root test cannot make) is a file that cannot be read, in one line, exit 2; and
-with several files, the others still scan. At 7dd01da (as at 9a3dd77, in the folder expansion
+with several files, the others still scan. Before, (as before, in the folder expansion
 before) the ``OSError`` of ``Path.is_dir``/``is_file`` ended the whole run as an internal error;
 so did the loader's ``Path.exists`` for a name without ``.py`` (a module name or a folder)."""
 

@@ -1,6 +1,6 @@
-"""attack20: ``nan-hunter scan .`` in a project whose tests import the model function
+"""``nan-hunter scan .`` in a project whose tests import the model function
 (``tests/test_model.py``: ``from model import build_model``). A folder stands for its model
-files; at 9edd299 a file that only imported ``build_model`` counted as one, so the test module
+files; before a file that only imported ``build_model`` counted as one, so the test module
 was scanned too and failed (here "No module named 'model'": pytest puts the project on the
 path, nan-hunter puts the file's own folder), and the run exited 2. Now a file that imports the
 model function without binding the batch function (``sample_batch``) is not a model file; one
