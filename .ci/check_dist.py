@@ -40,6 +40,7 @@ def expected_sdist() -> set[str]:
         top
         | _files("nan_hunter", "*.py")
         | _files("configs")
+        | _files("docs")
         | _files("examples", "*.py")
         | _files("tests", "*.py")
         | _files("tests/golden")
