@@ -26,6 +26,8 @@ in a model file the module does it itself, for whoever casts the model::
                 result = result.to(entry_dtype)
             return result
 
+(a ``return a, b`` casts each of its floating tensors back).
+
 ``model.half()`` (``.to(torch.float16)``, ``.bfloat16()`` for ``dtype="bfloat16"``) goes
 through every module's ``_apply``: this module's FP32 parameters and buffers keep their FP32
 values (moved to the new device, if the call moves one), its submodules with them. Its FP16
@@ -142,12 +144,20 @@ def build_kept_module_patch(
         lines[ret.lineno - 1] = f"{row[:col]}{result} ={row[col + len('return'):]}"
         if not lines[end - 1].endswith(("\n", "\r")):
             lines[end - 1] += newline
-        insertions.append((
-            end,
-            f"{indent}if isinstance({result}, torch.Tensor) and {result}.is_floating_point():"
-            f"{newline}{indent}{unit}{result} = {result}.to({entry}){newline}"
-            f"{indent}return {result}{newline}",
-        ))
+        if isinstance(ret.value, ast.Tuple):  # ``return out, weights``: each one cast back
+            cast_back = (
+                f"{indent}{result} = tuple({newline}"
+                f"{indent}{unit}r.to({entry}) if isinstance(r, torch.Tensor) and "
+                f"r.is_floating_point() else r{newline}"
+                f"{indent}{unit}for r in {result}{newline}"
+                f"{indent}){newline}"
+            )
+        else:
+            cast_back = (
+                f"{indent}if isinstance({result}, torch.Tensor) and {result}.is_floating_point():"
+                f"{newline}{indent}{unit}{result} = {result}.to({entry}){newline}"
+            )
+        insertions.append((end, f"{cast_back}{indent}return {result}{newline}"))
     if not insertions:
         return None
     inner = body_indent
@@ -159,9 +169,11 @@ def build_kept_module_patch(
         )
     else:
         record = (
-            f"{inner}{entry} = next((t.dtype for t in ({', '.join(arguments)}) "
-            f"if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)"
-            f"{newline}"
+            f"{inner}{entry} = next({newline}"
+            f"{inner}{unit}(t.dtype for t in ({', '.join(arguments)}) "
+            f"if isinstance(t, torch.Tensor) and t.is_floating_point()),{newline}"
+            f"{inner}{unit}torch.float32,{newline}"
+            f"{inner}){newline}"
         )
     casts = "".join(
         f"{inner}{name} = {name}.float() if isinstance({name}, torch.Tensor) and "
