@@ -42,7 +42,7 @@ from nan_hunter.fixes.autocast_region import (
     _string_interior_lines,
 )
 from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.source import SourceError, SourcePositions, compiles, decode_source
+from nan_hunter.fixes.source import Source, SourceError, SourcePositions, compiles, decode_source
 
 __all__ = ["build_function_region_patch"]
 
@@ -106,28 +106,58 @@ def build_function_region_patch(
     header = (
         f'{body_indent}with torch.autocast(device_type="{device_type}", enabled=False):{newline}'
     )
-    casts = "".join(
-        f"{inner}{name} = {name}.float() if isinstance({name}, torch.Tensor) and "
-        f"{name}.dtype == torch.{dtype} else {name}{newline}"
-        for name in tensor_parameters(function, is_method)
+    casts = tensor_casts(tensor_parameters(function, is_method), dtype, inner, newline)
+    return finish_patch(
+        path, source, tree, positions, lines, [(first.lineno - 1, header + casts)],
+        import_before=function.lineno, newline=newline, relative_to=relative_to,
+        first_line=min([function.lineno, *(d.lineno for d in function.decorator_list)]),
+        last_line=function.end_lineno or function.lineno,
     )
-    insertions = [(first.lineno - 1, header + casts)]
-    if not _has_torch_import(tree.body, function.lineno, False):
-        insertions.append(
-            (_import_insert_index(tree.body, positions, function.lineno, False),
-             f"import torch{newline}")
-        )
+
+
+def tensor_casts(names: list[str], dtype: str, indent: str, newline: str) -> str:
+    """One line per name: the value upcast when it is a ``dtype`` tensor at run time, else as
+    it is (a Python number, an int, a bool mask, an FP32 tensor)."""
+    return "".join(
+        f"{indent}{name} = {name}.float() if isinstance({name}, torch.Tensor) and "
+        f"{name}.dtype == torch.{dtype} else {name}{newline}"
+        for name in names
+    )
+
+
+def finish_patch(
+    path: pathlib.Path,
+    source: Source,
+    tree: ast.Module,
+    positions: SourcePositions,
+    lines: list[str],
+    insertions: list[tuple[int, str]],
+    *,
+    import_before: int,
+    newline: str,
+    relative_to: pathlib.Path,
+    first_line: int,
+    last_line: int,
+) -> RegionPatch | None:
+    """``lines`` (the file's, already edited in place) with ``insertions`` made and
+    ``import torch`` added where the code before ``import_before`` has none, as a patch; None
+    when the result does not compile."""
+    if not _has_torch_import(tree.body, import_before, False):
+        insertions = [
+            *insertions,
+            (_import_insert_index(tree.body, positions, import_before, False),
+             f"import torch{newline}"),
+        ]
     for index, new_text in sorted(insertions, key=lambda item: item[0], reverse=True):
         _insert_line(lines, index, new_text, newline)
     new_text = "".join(lines)
     if not compiles(new_text, str(path)):
         return None
-    edits = edits_between(path, text, new_text)
+    edits = edits_between(path, source.text, new_text)
     bom = "\ufeff" if source.bom else ""
     return RegionPatch(
         diff=render_diff(edits, relative_to), new_source=bom + new_text, edits=edits,
-        first_line=min([function.lineno, *(d.lineno for d in function.decorator_list)]),
-        last_line=function.end_lineno or function.lineno,
+        first_line=first_line, last_line=last_line,
     )
 
 

@@ -46,15 +46,16 @@ from dataclasses import dataclass
 from nan_hunter.fixes.autocast_region import (
     _INDENT_UNIT,
     RegionPatch,
-    _has_torch_import,
-    _import_insert_index,
-    _insert_line,
     _newline_of,
     _string_interior_lines,
 )
-from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.function_region import innermost_function, tensor_parameters
-from nan_hunter.fixes.source import SourceError, SourcePositions, compiles, decode_source
+from nan_hunter.fixes.function_region import (
+    finish_patch,
+    innermost_function,
+    tensor_casts,
+    tensor_parameters,
+)
+from nan_hunter.fixes.source import SourceError, SourcePositions, decode_source
 
 __all__ = ["KeptModulePatch", "build_kept_module_patch"]
 
@@ -175,11 +176,7 @@ def build_kept_module_patch(
             f"{inner}{unit}torch.float32,{newline}"
             f"{inner}){newline}"
         )
-    casts = "".join(
-        f"{inner}{name} = {name}.float() if isinstance({name}, torch.Tensor) and "
-        f"{name}.dtype == torch.{dtype} else {name}{newline}"
-        for name in arguments
-    )
+    casts = tensor_casts(arguments, dtype, inner, newline)
     insertions.append((first.lineno - 1, record + casts))
     starts = [function.lineno, *(d.lineno for d in function.decorator_list)]
     method_indent = def_indent
@@ -188,22 +185,13 @@ def build_kept_module_patch(
         for row in _keep_method(dtype, unit)
     )
     insertions.append((min(starts) - 1, keep + newline))
-    if not _has_torch_import(tree.body, owner.lineno, False):
-        insertions.append(
-            (_import_insert_index(tree.body, positions, owner.lineno, False),
-             f"import torch{newline}")
-        )
-    for index, new_text in sorted(insertions, key=lambda item: item[0], reverse=True):
-        _insert_line(lines, index, new_text, newline)
-    new_text = "".join(lines)
-    if not compiles(new_text, str(path)):
-        return None
-    edits = edits_between(path, text, new_text)
-    bom = "\ufeff" if source.bom else ""
-    region = RegionPatch(
-        diff=render_diff(edits, relative_to), new_source=bom + new_text, edits=edits,
+    region = finish_patch(
+        path, source, tree, positions, lines, insertions,
+        import_before=owner.lineno, newline=newline, relative_to=relative_to,
         first_line=min(starts), last_line=function.end_lineno or function.lineno,
     )
+    if region is None:
+        return None
     return KeptModulePatch(region, owner.name)
 
 
