@@ -67,6 +67,8 @@ def scan(
     select: o.Select = None,
     ignore: o.Ignore = None,
     fail_on: o.FailOn = None,
+    min_headroom: o.MinHeadroom = None,
+    range_map: o.RangeMap = False,
     exit_zero: o.ExitZero = False,
     color: o.Color = ColorChoice.auto,
     no_color: o.NoColor = False,

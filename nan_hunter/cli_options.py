@@ -170,6 +170,23 @@ FailOn = Annotated[
     choices.FailOn | None,
     typer.Option("--fail-on", help="Lowest severity that exits 1." + _default("fail_on")),
 ]
+MinHeadroom = Annotated[
+    float | None,
+    typer.Option(
+        "--min-headroom",
+        min=0,
+        help="Warn (NH503) about a forward value within this factor of the FP16 maximum "
+        "(8: |x| > 8188); 0: off." + _default("min_headroom"),
+    ),
+]
+RangeMap = Annotated[
+    bool,
+    typer.Option(
+        "--range-map",
+        help="Text report: list every module's range and headroom, not only the 5 ops "
+        "closest to the limits.",
+    ),
+]
 ExitZero = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings.")]
 Color = Annotated[
     ColorChoice,

@@ -56,6 +56,9 @@ class Settings:
     overflow; see ``nan_hunter.precision.loss_scale.back_off``), a fixed number, or None (no
     loss scaling)."""
     grad_underflow_share: float = 0.25
+    min_headroom: float = 0.0
+    """NH503: warn about a forward value within this factor of the format's largest value
+    (8: |x| above 65504 / 8 = 8188 in FP16); 0 turns the check off."""
     verify_fixes: bool = True
     lr: float = 1e-3
     """Adam learning rate for ``--steps``."""

@@ -24,6 +24,7 @@ from nan_hunter.findings import (
     scale_text,
 )
 from nan_hunter.fixes.build import build_fix, edit_site, with_kept_module
+from nan_hunter.headroom import build_range_map
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
 from nan_hunter.precision.context import PrecisionPlan
@@ -168,6 +169,7 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         loss=low.loss,
         loss_scale=window,
         reference_loss=ref.loss if ref is not None else None,
+        range_map=build_range_map(low.events, low.grad_events, fmt, scale),
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from nan_hunter.location import SourceLocation
 from nan_hunter.precision.scale_window import ScaleWindow
+from nan_hunter.ranges import RangeMap
 from nan_hunter.trace.summary import TensorStats
 
 _OUTPUT_LAYER = "nan_hunter.report"
@@ -237,6 +238,9 @@ class Report:
     """The loss-scale window measured in the emulated backward (None when it did not run)."""
     reference_loss: TensorStats | None = None
     """The loss of the FP32 reference run (None when it did not run): what a fix must keep."""
+    range_map: RangeMap | None = None
+    """How close each module's values came to the format's limits, forward and backward (None
+    when no pass ran: the batch itself was bad)."""
 
     @property
     def active(self) -> tuple[Finding, ...]:
@@ -265,12 +269,19 @@ class Report:
         threshold = {Severity.ERROR} if fail_on == "error" else {Severity.ERROR, Severity.WARNING}
         return 1 if any(f.severity in threshold for f in self.active) else 0
 
-    def render(self, fmt: str = "text", color: bool = False, width: int | None = None) -> str:
-        """The report in ``fmt`` (text, json, markdown, sarif, github, junit), as the CLI prints
-        it; ``color`` and ``width`` (columns, at least 80; None: lines unwrapped) apply to text
-        only."""
+    def render(
+        self,
+        fmt: str = "text",
+        color: bool = False,
+        width: int | None = None,
+        *,
+        range_map: bool = False,
+    ) -> str:
+        """The report in ``fmt`` (text, json, markdown, html, sarif, github, junit), as the CLI
+        prints it; ``color``, ``width`` (columns, at least 80; None: lines unwrapped) and
+        ``range_map`` (every module's range, not only the closest ops) apply to text only."""
         render = importlib.import_module(_OUTPUT_LAYER).render
-        return str(render(self, fmt, color=color, width=width))
+        return str(render(self, fmt, color=color, width=width, range_map=range_map))
 
     def to_json(self) -> str:
         """The JSON report (schema ``nan-hunter/report/v1``)."""

@@ -54,6 +54,8 @@ class ScanRequest:
     select: list[str] | None
     ignore: list[str] | None
     fail_on: FailOn | None
+    min_headroom: float | None
+    range_map: bool
     exit_zero: bool
     color: ColorChoice
     no_color: bool
@@ -76,8 +78,8 @@ def run_scan(request: ScanRequest) -> None:
     (
         paths, model_fn, batch_fn, loss_fn, weights, batch_file, dtype, device, policy,
         mode, numerics, backward, grad_scale, config, output_format, output, patch, select,
-        ignore, fail_on, exit_zero, color, no_color, quiet, diff, fix, unsafe_fixes,
-        fix_all, rounds, backup, verify, lr, steps, timeout, debug,
+        ignore, fail_on, min_headroom, range_map, exit_zero, color, no_color, quiet, diff, fix,
+        unsafe_fixes, fix_all, rounds, backup, verify, lr, steps, timeout, debug,
     ) = (getattr(request, f.name) for f in dataclasses.fields(request))
     from nan_hunter.config import DEFAULT_CONFIG, load_settings
     from nan_hunter.discovery import discover, search_start
@@ -107,6 +109,7 @@ def run_scan(request: ScanRequest) -> None:
                 "select": select,
                 "ignore": ignore,
                 "fail_on": fail_on.value if fail_on else None,
+                "min_headroom": min_headroom,
                 "verify_fixes": verify,
                 "lr": lr,
             },
@@ -178,7 +181,8 @@ def run_scan(request: ScanRequest) -> None:
     width = report_width(sys.stdout)
     if len(files) > 1:
         text = render_many(
-            reports, failed, output_format.value, color=use_color and output is None, width=width
+            reports, failed, output_format.value, color=use_color and output is None, width=width,
+            range_map=range_map,
         )
         _emit(text, output, color=use_color, quiet=quiet)
         codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
@@ -190,7 +194,10 @@ def run_scan(request: ScanRequest) -> None:
         typer.echo(_rendered(render_diff, selection.edits, root), nl=False)
         code = report.exit_code(settings.fail_on)
         raise typer.Exit(EXIT_CLEAN if exit_zero else code)
-    text = render(report, output_format.value, color=use_color and output is None, width=width)
+    text = render(
+        report, output_format.value, color=use_color and output is None, width=width,
+        range_map=range_map,
+    )
     _emit(text, output, color=use_color, quiet=quiet)
     if patch is not None:
         if selection.edits:

@@ -30,8 +30,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("load/run", (
         "nan_hunter.loader", "nan_hunter.model_state", "nan_hunter.blame", "nan_hunter.runner",
     )),
-    ("results", ("nan_hunter.findings", "nan_hunter.suppressions")),
-    ("analysis", ("nan_hunter.candidate", "nan_hunter.analysis")),
+    ("results", ("nan_hunter.ranges", "nan_hunter.findings", "nan_hunter.suppressions")),
+    ("analysis", ("nan_hunter.candidate", "nan_hunter.analysis", "nan_hunter.headroom")),
     ("rules", ("nan_hunter.rules",)),
     ("fixes", ("nan_hunter.fixes",)),
     ("report", ("nan_hunter.report",)),

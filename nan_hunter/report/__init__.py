@@ -25,11 +25,19 @@ _PLAIN: dict[str, Callable[[Report], str]] = {
 """Formats with no terminal options (everything but text)."""
 
 
-def render(report: Report, fmt: str, *, color: bool = False, width: int | None = None) -> str:
+def render(
+    report: Report,
+    fmt: str,
+    *,
+    color: bool = False,
+    width: int | None = None,
+    range_map: bool = False,
+) -> str:
     """``report`` in ``fmt``; ``width`` lays the text report out to that many columns (at least
-    80), None writes its lines unwrapped."""
+    80), None writes its lines unwrapped; ``range_map`` lists every module's range in the text
+    report (else the ops closest to the limits only)."""
     if fmt == "text":
-        return render_text(report, color=color, width=width)
+        return render_text(report, color=color, width=width, range_map=range_map)
     emitter = _PLAIN.get(fmt)
     if emitter is None:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")

@@ -38,9 +38,10 @@ def render_many(
     *,
     color: bool = False,
     width: int | None = None,
+    range_map: bool = False,
 ) -> str:
     if fmt == "text":
-        parts = [render_text(r, color=color, width=width) for r in reports]
+        parts = [render_text(r, color=color, width=width, range_map=range_map) for r in reports]
         lines = [f"failed: {echoed(f.path)}: {echoed(f.message)}" for f in failed]
         return "\n".join([*parts, *lines, total_line(reports, failed)]) + "\n"
     if fmt == "json":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from nan_hunter.findings import Finding, Fix, OpRef, Report, SourceLocation
+from nan_hunter.ranges import Extent, OpRange, RangeMap
 from nan_hunter.report.paths import display_path
 from nan_hunter.version import __version__
 
@@ -110,6 +112,8 @@ def report_dict(report: Report) -> dict[str, Any]:
         "status": report.status,
         "findings": [finding_dict(f) for f in report.findings],
         "loss_scale": _loss_scale(report),
+        "headroom": _headroom(report.range_map),
+        "closest": _closest(report.range_map),
         "summary": {
             "ops": report.ops,
             "backward_nodes": report.backward_nodes,
@@ -135,6 +139,48 @@ def _loss_scale(report: Report) -> dict[str, Any] | None:
         "recommended_init_scale": None if window.recommended is None else 2.0**window.recommended,
         "max_grad": window.max_abs,
     }
+
+
+def _extent(m: RangeMap, extent: Extent | None) -> dict[str, Any] | None:
+    if extent is None:
+        return None
+    room = m.headroom(extent)
+    return {
+        "abs_max": extent.abs_max,
+        "headroom": None if room is None or math.isinf(room) else room,
+        "values": extent.values,
+        "below_normal": extent.tiny,
+        "below_normal_share": extent.tiny_share,
+        "nonfinite": extent.nonfinite,
+        "overflowed": extent.overflowed,
+    }
+
+
+def _headroom(m: RangeMap | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {
+        "format": m.format,
+        "limit": m.limit,
+        "smallest_normal": m.smallest_normal,
+        "loss_scale": m.loss_scale,
+        "modules": [
+            {"module": row.module, "ops": row.ops, "forward": _extent(m, row.forward),
+             "backward": _extent(m, row.backward)}
+            for row in m.modules
+        ],
+    }
+
+
+def _closest(m: RangeMap | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+
+    def op(o: OpRange) -> dict[str, Any]:
+        return {"op": o.op, "module": o.module, "phase": o.phase,
+                "location": _location(o.location)} | (_extent(m, o.extent) or {})
+
+    return {"overflow": [op(o) for o in m.top], "underflow": [op(o) for o in m.bottom]}
 
 
 def render_json(report: Report) -> str:

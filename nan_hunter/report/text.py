@@ -19,6 +19,14 @@ from rich.text import Text
 
 from nan_hunter.findings import Finding, Fix, Phase, Report, Severity
 from nan_hunter.precision.scale_window import scale_advice
+from nan_hunter.ranges import RangeMap
+from nan_hunter.report.headroom import (
+    MODULE_HEADER,
+    closest_rows,
+    limits_text,
+    margin_text,
+    module_cells,
+)
 from nan_hunter.report.paths import display_path
 from nan_hunter.trace.summary import format_number
 from nan_hunter.untrusted import shown, shown_lines
@@ -34,8 +42,11 @@ MIN_WIDTH = 80
 (``nan_hunter.terminal`` has the same constant without importing the report, and torch.)"""
 
 
-def render_text(report: Report, *, color: bool = False, width: int | None = None) -> str:
-    """The report; laid out to ``width`` columns (at least 80) when given, else unwrapped."""
+def render_text(
+    report: Report, *, color: bool = False, width: int | None = None, range_map: bool = False
+) -> str:
+    """The report; laid out to ``width`` columns (at least 80) when given, else unwrapped;
+    ``range_map``: every module's range, not only the ops closest to the limits."""
     buffer = StringIO()
     console = Console(
         file=buffer,
@@ -73,6 +84,8 @@ def render_text(report: Report, *, color: bool = False, width: int | None = None
         for finding in report.suppressed:
             _finding(console, finding, detailed=False)
     console.print()
+    if report.range_map is not None:
+        _ranges(console, report.range_map, every_module=range_map)
     if report.loss_scale is not None and any(f.phase is Phase.BACKWARD for f in report.findings):
         _paragraph(
             console, f"[bold]loss scale[/]: {_safe(scale_advice(report.loss_scale, t.dtype))}"
@@ -159,6 +172,46 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
             if diff:
                 console.print(Syntax(shown_lines(diff.rstrip("\n")), "diff", theme="ansi_dark",
                                      background_color="default"), soft_wrap=True)
+
+
+def _ranges(console: Console, m: RangeMap, *, every_module: bool) -> None:
+    """The ops closest to the format's limits (and, asked for, every module's range), as
+    aligned columns; at a terminal's width a row too long wraps under its own text."""
+    top, bottom = closest_rows(m)
+    _paragraph(console, f"[bold]closest to the limits[/] ({_safe(limits_text(m))})")
+    _line(console, "  margin   ", margin_text(m))
+    for line in _columns([[r.measure, r.value, r.phase, r.module, r.op, r.where] for r in top]):
+        _line(console, "  headroom ", line)
+    for line in _columns(
+        [[r.measure, r.value, r.phase, r.module, r.op, r.where] for r in bottom]
+    ):
+        _line(console, "  < normal ", line)
+    if every_module:
+        console.print()
+        console.print(Text("range map", "bold"), soft_wrap=True)
+        rows = [MODULE_HEADER, *(module_cells(m, row) for row in m.modules)]
+        for line in _columns(rows):
+            _line(console, "  ", line)
+    console.print()
+
+
+def _line(console: Console, head: str, body: str) -> None:
+    """``head`` and ``body`` (plain text, shown escaped) on one line, wrapped under the body
+    when the console has a width."""
+    if console.soft_wrap:
+        console.print(Text(head + shown(body)), soft_wrap=True)
+    else:
+        _wrapped(console, Text(head[:-1]), Text(shown(body)))
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    """Rows of cells (the model's text shown escaped) padded into aligned columns."""
+    cells = [[shown(c) for c in row] for row in rows]
+    if not cells:
+        return []
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in cells]
 
 
 def _safe(text: str) -> str:

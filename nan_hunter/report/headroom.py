@@ -1,0 +1,130 @@
+"""The range map as rows of plain cells, shared by the text, Markdown and HTML reports.
+
+Each emitter escapes the cells for its own medium; the cells here hold the model's text (module
+names, source lines) as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nan_hunter.findings import Report, scale_text
+from nan_hunter.ranges import Extent, ModuleRange, OpRange, RangeMap, module_label
+from nan_hunter.report.paths import display_path
+from nan_hunter.trace.summary import format_number
+
+
+def headroom_text(value: float | None) -> str:
+    """``9.5x``; ``0x`` for an op that overflowed; ``–`` when nothing was measured."""
+    if value is None:
+        return "–"
+    if math.isinf(value):
+        return "inf"
+    return f"{format_number(value) if value else '0'}x"
+
+
+def share_text(share: float) -> str:
+    """A share of values as a percentage: ``0%``, ``<0.1%``, ``12.5%``."""
+    if share == 0:
+        return "0%"
+    if share < 0.001:
+        return "<0.1%"
+    return f"{format_number(share * 100)}%"
+
+
+def abs_text(extent: Extent | None) -> str:
+    if extent is None or extent.abs_max is None:
+        return "–" if extent is None or not extent.nonfinite else "NaN/inf"
+    carried = " +NaN/inf" if extent.nonfinite else ""
+    return f"{format_number(extent.abs_max)}{carried}"
+
+
+def where_text(op: OpRange) -> str:
+    loc = op.location
+    return f"{display_path(loc.file)}:{loc.line}" if loc is not None else "–"
+
+
+def limits_text(m: RangeMap) -> str:
+    """``float16: max 6.55e+04, smallest normal 6.10e-05; gradients at loss scale 2**16``."""
+    return (
+        f"{m.format}: max {format_number(m.limit)}, smallest normal "
+        f"{format_number(m.smallest_normal)}; gradients at loss scale {scale_text(m.loss_scale)}"
+    )
+
+
+@dataclass(frozen=True)
+class ClosestRow:
+    """One line of the ``closest`` lists, as cells."""
+
+    measure: str
+    """``9.5x`` (headroom) or ``12%`` (share below the smallest normal)."""
+    value: str
+    """The largest |x|."""
+    phase: str
+    module: str
+    op: str
+    where: str
+
+
+def closest_rows(m: RangeMap) -> tuple[list[ClosestRow], list[ClosestRow]]:
+    """The ops nearest overflow, then the ops with most values below the smallest normal."""
+    top = [
+        ClosestRow(headroom_text(m.headroom(o.extent)), abs_text(o.extent), o.phase,
+                   module_label(o.module), o.op, where_text(o))
+        for o in m.top
+    ]
+    bottom = [
+        ClosestRow(share_text(o.extent.tiny_share), abs_text(o.extent), o.phase,
+                   module_label(o.module), o.op, where_text(o))
+        for o in m.bottom
+    ]
+    return top, bottom
+
+
+def module_cells(m: RangeMap, row: ModuleRange) -> list[str]:
+    """module, ops, forward max |x|, headroom, below normal, backward max |g|, headroom."""
+    back = row.backward
+    return [
+        module_label(row.module),
+        str(row.ops),
+        abs_text(row.forward),
+        headroom_text(m.headroom(row.forward)),
+        share_text(row.forward.tiny_share),
+        abs_text(back),
+        headroom_text(None if back is None else m.headroom(back)),
+    ]
+
+
+MODULE_HEADER = [
+    "module", "ops", "fwd max |x|", "headroom", "< normal", "bwd max |g|", "headroom",
+]
+
+
+def culprit_modules(report: Report) -> set[str]:
+    """Modules of the report's active errors (the rows a picture highlights)."""
+    return {
+        m for f in report.active if f.is_error for m in (f.modules or (f.module,))
+    }
+
+
+def margins(m: RangeMap) -> tuple[tuple[float, str] | None, tuple[float, str] | None]:
+    """The least headroom of the forward and of the backward, each with its module."""
+    def least(pairs: list[tuple[float, str]]) -> tuple[float, str] | None:
+        return min(pairs, key=lambda p: p[0]) if pairs else None
+
+    fwd = [(h, module_label(r.module)) for r in m.modules
+           if (h := m.headroom(r.forward)) is not None]
+    bwd = [(h, module_label(r.module)) for r in m.modules
+           if r.backward is not None and (h := m.headroom(r.backward)) is not None]
+    return least(fwd), least(bwd)
+
+
+def margin_text(m: RangeMap) -> str:
+    """``forward 2.54e+04x (fc1), backward 9.5x (head)``."""
+    fwd, bwd = margins(m)
+    parts = [
+        f"{phase} {headroom_text(pair[0])} ({pair[1]})"
+        for phase, pair in (("forward", fwd), ("backward", bwd)) if pair is not None
+    ]
+    return ", ".join(parts) or "nothing measured"
