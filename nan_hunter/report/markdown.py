@@ -6,6 +6,8 @@ import re
 from collections.abc import Iterable
 
 from nan_hunter.findings import Finding, Phase, Report, Severity, SourceLocation
+from nan_hunter.ranges import RangeMap
+from nan_hunter.report.headroom import ClosestRow, closest_rows, limits_text, margin_text
 from nan_hunter.report.paths import display_path
 from nan_hunter.report.text import verdict_sentence as fp32_verdict
 from nan_hunter.trace.summary import TensorStats, format_number
@@ -38,6 +40,8 @@ def render_markdown(report: Report) -> str:
         blocks.append(_suppressed(report.suppressed))
     if not report.active:
         blocks.append("No findings.")
+    if report.range_map is not None:
+        blocks.append(_closest(report.range_map))
     blocks.append(_summary(report))
     return "\n\n".join(blocks) + "\n"
 
@@ -111,6 +115,34 @@ def _warnings(report: Report, findings: list[Finding]) -> str:
         where = code(_where(f.location)) if f.location is not None else "–"
         lines.append(_row([f.code, _cell(where), _cell(prose(f.message))]))
     return "\n".join(lines)
+
+
+def _closest(m: RangeMap) -> str:
+    """The ops closest to the format's limits: a table per limit (the underflow one only when
+    some values are below the smallest normal)."""
+    top, bottom = closest_rows(m)
+    lines = [
+        f"## Closest to the {prose(m.format)} limits", "",
+        f"{prose(limits_text(m))}. Margin: {prose(margin_text(m))}.", "",
+        "| headroom | max \\|x\\| | phase | module | op | location |",
+        "| ---: | ---: | --- | --- | --- | --- |",
+    ]
+    lines += [_closest_row(r) for r in top]
+    if bottom:
+        lines += [
+            "", f"| below {format_number(m.smallest_normal)} | max \\|x\\| | phase | module | op "
+            "| location |",
+            "| ---: | ---: | --- | --- | --- | --- |",
+        ]
+        lines += [_closest_row(r) for r in bottom]
+    return "\n".join(lines)
+
+
+def _closest_row(r: ClosestRow) -> str:
+    return _row([
+        _cell(r.measure), _cell(r.value), r.phase, _cell(code(r.module)), _cell(code(r.op)),
+        _cell(code(r.where)),
+    ])
 
 
 def _summary(report: Report) -> str:
