@@ -42,6 +42,7 @@ class OutputFormat(str, Enum):
     text = "text"
     json = "json"
     markdown = "markdown"
+    html = "html"
     sarif = "sarif"
     github = "github"
     junit = "junit"

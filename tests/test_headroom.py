@@ -91,7 +91,7 @@ def test_text_lists_five_closest_ops_and_every_module_with_range_map() -> None:
     report = scanned(EXAMPLES / "clean_mlp.py")
     short = render(report, "text")
     assert short.count("\n  headroom ") == 5
-    assert "margin   forward 2.54e+04x (fc1), backward 9.499x (head)" in short
+    assert "margin   forward 2.54e+04x in fc1, backward 9.499x in head" in short
     assert "range map" not in short
     full = render(report, "text", range_map=True)
     table = full.split("range map\n", 1)[1]

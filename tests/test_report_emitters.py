@@ -44,7 +44,10 @@ from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, ROOT, marker_line, scanne
 SARIF_SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
 """The official SARIF 2.1.0 schema (OASIS), vendored so the validation runs in any clone."""
 EMITTER_GOLDEN = GOLDEN / "emitters"
-EXTENSIONS = {"markdown": "md", "sarif": "sarif", "github": "github.txt", "junit": "junit.xml"}
+EXTENSIONS = {
+    "markdown": "md", "sarif": "sarif", "github": "github.txt", "junit": "junit.xml",
+    "html": "html",
+}
 
 MATRIX_INVERSE = EXAMPLES / "matrix_inverse.py"
 BAD_INPUT = FIXTURES / "fx_bad_input.py"

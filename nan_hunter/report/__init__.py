@@ -7,6 +7,7 @@ from collections.abc import Callable
 from nan_hunter.choices import OutputFormat
 from nan_hunter.findings import Report
 from nan_hunter.report.github import render_github
+from nan_hunter.report.html import render_html
 from nan_hunter.report.json_report import render_json
 from nan_hunter.report.junit import render_junit
 from nan_hunter.report.markdown import render_markdown
@@ -18,6 +19,7 @@ FORMATS = tuple(f.value for f in OutputFormat)
 _PLAIN: dict[str, Callable[[Report], str]] = {
     "json": render_json,
     "markdown": render_markdown,
+    "html": render_html,
     "sarif": render_sarif,
     "github": render_github,
     "junit": render_junit,

@@ -20,6 +20,7 @@ from typing import Any
 
 from nan_hunter.findings import Failed, Report
 from nan_hunter.report.github import escape_data, render_github
+from nan_hunter.report.html import render_html_many
 from nan_hunter.report.json_report import report_dict
 from nan_hunter.report.junit import render_junit_many
 from nan_hunter.report.markdown import code, prose, render_markdown
@@ -55,6 +56,8 @@ def render_many(
             f"::error title=nan-hunter::{escape_data(f'{f.path}: {f.message}')}" for f in failed
         ]
         return "".join(render_github(r) for r in reports) + "".join(f"{x}\n" for x in lines)
+    if fmt == "html":
+        return render_html_many(reports, failed)
     if fmt == "markdown":
         blocks = [render_markdown(r) for r in reports]
         if failed:

@@ -121,10 +121,64 @@ def margins(m: RangeMap) -> tuple[tuple[float, str] | None, tuple[float, str] | 
 
 
 def margin_text(m: RangeMap) -> str:
-    """``forward 2.54e+04x (fc1), backward 9.5x (head)``."""
+    """``forward 2.54e+04x in fc1, backward 9.5x in head``."""
     fwd, bwd = margins(m)
     parts = [
-        f"{phase} {headroom_text(pair[0])} ({pair[1]})"
+        f"{phase} {headroom_text(pair[0])} in {pair[1]}"
         for phase, pair in (("forward", fwd), ("backward", bwd)) if pair is not None
     ]
     return ", ".join(parts) or "nothing measured"
+
+
+@dataclass(frozen=True)
+class ModuleGroup:
+    """Rows of the map that differ only in block numbers (``layers.0.attn`` ..
+    ``layers.11.attn``), shown as one: ``layers.0-11.attn``."""
+
+    label: str
+    members: tuple[ModuleRange, ...]
+    forward: Extent
+    backward: Extent | None
+
+
+def group_modules(rows: tuple[ModuleRange, ...]) -> list[ModuleGroup]:
+    """``rows`` with repeated blocks merged, in the order of each group's first row: the
+    largest |x| and the counts of a group are those of all its members."""
+    groups: dict[tuple[str | None, ...], list[ModuleRange]] = {}
+    for row in rows:
+        parts = row.module.split(".") if row.module else []
+        key = tuple(None if p.isdigit() else p for p in parts) or ("",)
+        if row.module.startswith("(") or not any(p is None for p in key):
+            key = (row.module,)  # no block number: a row of its own (same name: merged)
+        groups.setdefault(key, []).append(row)
+    result = []
+    for members in groups.values():
+        forward = members[0].forward
+        backward = members[0].backward
+        for row in members[1:]:
+            forward = forward.merged(row.forward)
+            if row.backward is not None:
+                backward = row.backward if backward is None else backward.merged(row.backward)
+        result.append(ModuleGroup(_group_label(members), tuple(members), forward, backward))
+    return result
+
+
+def _group_label(members: list[ModuleRange]) -> str:
+    if len(members) == 1:
+        return module_label(members[0].module)
+    split = [m.module.split(".") for m in members]
+    label = []
+    for i, part in enumerate(split[0]):
+        if not part.isdigit():
+            label.append(part)
+            continue
+        label.append(_numbers(sorted({int(s[i]) for s in split})))
+    return ".".join(label)
+
+
+def _numbers(values: list[int]) -> str:
+    """``0-11`` for a run, ``0,2,5`` otherwise (at most 4 listed, then ``,...``)."""
+    if len(values) > 1 and values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}-{values[-1]}"
+    shown_values = ",".join(str(v) for v in values[:4])
+    return shown_values + (",..." if len(values) > 4 else "")

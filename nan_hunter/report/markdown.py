@@ -140,7 +140,8 @@ def _closest(m: RangeMap) -> str:
 
 def _closest_row(r: ClosestRow) -> str:
     return _row([
-        _cell(r.measure), _cell(r.value), r.phase, _cell(code(r.module)), _cell(code(r.op)),
+        _cell(r.measure), _cell(r.value), _cell(prose(r.phase)), _cell(code(r.module)),
+        _cell(code(r.op)),
         _cell(code(r.where)),
     ])
 
