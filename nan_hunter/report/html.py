@@ -120,8 +120,9 @@ def _report_body(report: Report, key: str = "") -> str:
         f"<header><h1>nan-hunter: <code>{_t(display_path(t.file))}</code></h1>"
         f"<p>{_t(t.mode)} {_t(t.dtype)} on {_t(t.device)} (policy {_t(t.policy)}"
         f"{_t(scaling)}): <strong class=\"status-{status}\">{status}</strong> &middot; "
-        f"{report.ops} ops, {report.backward_nodes} backward nodes, {report.errors} errors, "
-        f"{report.warnings} warnings, {report.seconds:.2f} s</p></header>"
+        f"{_count(report.ops, 'op')}, {_count(report.backward_nodes, 'backward node')}, "
+        f"{_count(report.errors, 'error')}, {_count(report.warnings, 'warning')}, "
+        f"{report.seconds:.2f} s</p></header>"
     )
     sections = [head]
     if report.range_map is not None:
@@ -131,6 +132,10 @@ def _report_body(report: Report, key: str = "") -> str:
     sections.append(_unchecked_section(report))
     body = "\n".join(sections)
     return body.replace(' id="', f' id="{key}') if key else body
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # -- the range map ---------------------------------------------------------------------------
