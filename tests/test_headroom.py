@@ -7,17 +7,19 @@ at the head, 9.5x below 65504.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import nan_hunter
 from nan_hunter.cli import app
 from nan_hunter.config import load_settings
 from nan_hunter.discovery import discover
 from nan_hunter.report import render
-from tests.conftest import EXAMPLES, FIXTURES, scanned
+from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, scanned
 
 runner = CliRunner()
 FP16_MAX = 65504.0
@@ -126,3 +128,20 @@ def test_min_headroom_is_a_project_setting(tmp_path: Path) -> None:
     settings = load_settings(project=discover(tmp_path))
     assert settings.min_headroom == 8.0
     assert load_settings().min_headroom == 0.0
+
+
+def test_range_map_text_of_clean_mlp_matches_golden(update_golden: bool) -> None:
+    report = dataclasses.replace(scanned(EXAMPLES / "clean_mlp.py"), seconds=0.0)
+    rendered = render(report, "text", range_map=True)
+    golden = GOLDEN / "clean_mlp.range_map.txt"
+    if update_golden or not golden.exists():
+        golden.write_text(rendered, encoding="utf-8")
+        if not update_golden:
+            pytest.fail(f"{golden.name} did not exist; written now, check it in")
+    assert rendered == golden.read_text(encoding="utf-8")
+
+
+def test_python_api_takes_min_headroom() -> None:
+    report = nan_hunter.scan_file(str(FIXTURES / "fx_near_overflow.py"),
+                                  load_settings(overrides={"min_headroom": 8.0}))
+    assert [f.code for f in report.findings] == ["NH503"]
