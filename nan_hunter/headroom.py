@@ -9,7 +9,8 @@ What counts, as what can overflow:
   autocast is on and outside the loss (a later op may cast them down, NH501's case); FP32
   values in ``autocast(enabled=False)`` regions and in the loss stay FP32;
 - backward: the gradients reaching each op in the low-precision format, at the loss scale of
-  the pass (the FP32 seed of the loss, which equals the scale, is not at risk);
+  the pass (the FP32 seed of the loss, which equals the scale, is not at risk); an op whose
+  backward made NaN/inf from finite gradients has no headroom left;
 - an op whose inputs already held NaN/inf only carries them: its values count in its module's
   ``nonfinite``, not in the ``closest`` lists.
 """
@@ -42,9 +43,12 @@ def build_range_map(
                                            and not event.outputs_finite)
     backward: dict[int, Extent] = {}
     for grad in grad_events:
-        kept = [s for s in grad.incoming if s.dtype == fmt.name]
-        if kept and 0 <= grad.forward_index < len(events):
-            extent = _extent(kept, origin=False)
+        if not 0 <= grad.forward_index < len(events):
+            continue
+        origin = _backward_origin(grad, events[grad.forward_index])
+        kept = [s for s in grad.incoming if s.dtype == fmt.name or origin]
+        if kept:
+            extent = _extent(kept, origin=origin)
             previous = backward.get(grad.forward_index)
             backward[grad.forward_index] = extent if previous is None else previous.merged(extent)
     modules = _modules(events, forward, backward)
@@ -65,6 +69,12 @@ def build_range_map(
         top=tuple(top[:CLOSEST]),
         bottom=tuple(bottom[:CLOSEST]),
     )
+
+
+def _backward_origin(grad: GradEvent, forward: OpEvent) -> bool:
+    """The node made NaN/inf from finite gradients, for an op whose forward was finite (after
+    a broken forward, a backward only passes the damage on: ``analysis.backward_origins``)."""
+    return grad.is_origin and forward.inputs_finite and forward.outputs_finite
 
 
 def at_risk_output(event: OpEvent, s: TensorStats, fmt: FloatFormat) -> bool:

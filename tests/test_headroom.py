@@ -145,3 +145,13 @@ def test_python_api_takes_min_headroom() -> None:
     report = nan_hunter.scan_file(str(FIXTURES / "fx_near_overflow.py"),
                                   load_settings(overrides={"min_headroom": 8.0}))
     assert [f.code for f in report.findings] == ["NH503"]
+
+
+def test_an_op_whose_backward_overflowed_has_no_headroom() -> None:
+    """fx_backward_inf: the loss's cast back to FP16 turns a 1e5 gradient into inf (NH401)."""
+    m = scanned(FIXTURES / "fx_backward_inf.py").range_map
+    assert m is not None
+    first = m.top[0]
+    assert (first.phase, first.module, first.op) == ("backward", "(loss)", "Tensor.float")
+    assert first.extent.overflowed and m.headroom(first.extent) == 0.0
+    assert first.extent.abs_max == 100000.0
