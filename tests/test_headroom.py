@@ -155,3 +155,9 @@ def test_an_op_whose_backward_overflowed_has_no_headroom() -> None:
     assert (first.phase, first.module, first.op) == ("backward", "(loss)", "Tensor.float")
     assert first.extent.overflowed and m.headroom(first.extent) == 0.0
     assert first.extent.abs_max == 100000.0
+
+
+def test_an_error_in_the_loss_highlights_the_loss_row() -> None:
+    from nan_hunter.report.headroom import culprit_modules
+
+    assert "(loss)" in culprit_modules(scanned(FIXTURES / "fx_backward_inf.py"))

@@ -102,10 +102,14 @@ MODULE_HEADER = [
 
 
 def culprit_modules(report: Report) -> set[str]:
-    """Modules of the report's active errors (the rows a picture highlights)."""
-    return {
-        m for f in report.active if f.is_error for m in (f.modules or (f.module,))
-    }
+    """Modules of the report's active errors (the rows a picture highlights); an error in the
+    loss function is the ``(loss)`` row, found through its op in the closest lists."""
+    errors = [f for f in report.active if f.is_error]
+    found = {m for f in errors for m in (f.modules or (f.module,))}
+    if report.range_map is not None:
+        at = {(f.phase.value, f.op_index) for f in errors if f.op_index is not None}
+        found |= {o.module for o in report.range_map.top if (o.phase, o.op_index) in at}
+    return found
 
 
 def margins(m: RangeMap) -> tuple[tuple[float, str] | None, tuple[float, str] | None]:
