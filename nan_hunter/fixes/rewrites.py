@@ -208,6 +208,56 @@ def bce_with_logits(path: Path, line: int) -> str | None:
     return None
 
 
+_AMP_DECORATORS = frozenset({"custom_fwd", "custom_bwd"})
+
+
+def custom_function_fp32(path: Path, line: int, device_type: str) -> str | None:
+    """The custom ``autograd.Function`` whose ``def backward`` is on ``line`` runs in FP32 under
+    autocast: ``@torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)`` on its
+    ``forward`` (FP32 inputs, autocast off inside) and ``@torch.amp.custom_bwd(...)`` on its
+    ``backward`` (the same autocast state as the forward), each written right above its
+    ``def``. None for a Function already decorated so, one with ``setup_context`` (its
+    ``forward`` takes no ``ctx`` for the decorator to record on), or a file without ``import
+    torch``."""
+    parsed = _parse(path)
+    if parsed is None or not _binds_torch(parsed[1]):
+        return None
+    text, tree, source = parsed
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = {
+            node.name: node for node in cls.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        backward, forward = methods.get("backward"), methods.get("forward")
+        if backward is None or backward.lineno != line:
+            continue
+        if forward is None or "setup_context" in methods or any(
+            _last_name(d.func if isinstance(d, ast.Call) else d) in _AMP_DECORATORS
+            for node in (forward, backward) for d in node.decorator_list
+        ):
+            return None
+        device = f'device_type="{device_type}"'
+        spans = [
+            _line_above(source, forward.lineno,
+                        f"@torch.amp.custom_fwd({device}, cast_inputs=torch.float32)"),
+            _line_above(source, backward.lineno, f"@torch.amp.custom_bwd({device})"),
+        ]
+        return _replace(text, spans)
+    return None
+
+
+def _line_above(source: SourcePositions, lineno: int, code: str) -> tuple[int, int, str]:
+    """An insertion of ``code`` as a line of its own above ``lineno``, indented as that line
+    and ended as it is."""
+    current = source.lines[lineno - 1]
+    body = current.rstrip("\r\n")
+    indent = body[: len(body) - len(body.lstrip())]
+    start = source.offset(lineno, 0)
+    return start, start, f"{indent}{code}{current[len(body):] or chr(10)}"
+
+
 def _last_name(func: ast.expr) -> str | None:
     if isinstance(func, ast.Name):
         return func.id
