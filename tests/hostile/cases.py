@@ -389,7 +389,7 @@ LIBRARY_USER = (
     "def build_model():\n    torch.manual_seed(0)\n    return Style()\n\n\n"
     "def sample_batch():\n    torch.manual_seed(0)\n    return torch.randn(2, 8, 16)\n"
 )
-"""attack20's model: its culprit op runs in an installed library, called from the user's file."""
+"""A model whose culprit op runs in an installed library, called from the user's file."""
 
 
 def _installed_library(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
