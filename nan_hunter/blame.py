@@ -53,7 +53,8 @@ _PASSES_ON = frozenset(
         ("trace/tracer.py", "__torch_function__"), ("trace/tracer.py", "call_or_replay"),
         ("precision/emulation.py", "__torch_dispatch__"),
         ("precision/override.py", "kernel"), ("precision/replay.py", "replay_in_fp32"),
-        ("precision/device_alias.py", "<lambda>"), ("runner.py", "run"), ("runner.py", "backward"),
+        ("precision/device_alias.py", "<lambda>"), ("precision/device_alias.py", "call"),
+        ("runner.py", "run"), ("runner.py", "backward"),
         ("model_state.py", "cast_model"),
     }
 )  # fmt: skip

@@ -20,10 +20,11 @@ submodules called inside compute in FP32 on FP32 inputs, and its FP32 results en
 the model, where autocast casts them again. Under ``model.half()`` there is no autocast to
 disable (the weights themselves are FP16): no edit is made then.
 
-A ``with`` block, not an ``@torch.autocast(..., enabled=False)`` decorator: a decorator builds its
-autocast object when the module is imported, and a scan that predicts CUDA on a CPU maps
-``device_type="cuda"`` to the CPU only for objects built during its passes
-(``nan_hunter.precision.device_alias``), so a decorator's region could not be verified there.
+A ``with`` block, not an ``@torch.autocast(..., enabled=False)`` decorator: the parameters' casts
+have to run inside the disabled region, which a decorator would leave to the function's first
+lines, and a ``with`` block reads the same wherever the function is defined. (A scan that
+predicts CUDA on a CPU maps a user's decorator built at import too:
+``nan_hunter.precision.device_alias``.)
 """
 
 from __future__ import annotations
