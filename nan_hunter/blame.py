@@ -14,9 +14,9 @@ from pathlib import Path
 
 from nan_hunter.errors import NOT_THE_MODELS, UserCodeError, first_line
 from nan_hunter.precision.gradients import UnmeasuredGradient
+from nan_hunter.trace.call_sites import frame_origin, own_module_path
 from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import frame_origin, own_module_path
 
 
 @contextlib.contextmanager

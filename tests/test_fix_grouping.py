@@ -18,7 +18,7 @@ from nan_hunter.findings import Applicability, Edit, Finding, Fix, Kind, Phase, 
 from nan_hunter.fixes import verify as verify_module
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow, probe_dataflow
 from nan_hunter.fixes.grouping import PendingFix, groups, independent, worth_probing
-from nan_hunter.fixes.source import read_source
+from nan_hunter.fixes.source_file import read_source
 from nan_hunter.location import SourceLocation
 from tests.conftest import FIXTURES, GOLDEN, marker_line, scanned
 

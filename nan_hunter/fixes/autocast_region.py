@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from nan_hunter.findings import Edit
 from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.source import (
+from nan_hunter.fixes.source_file import (
     SourceError,
     SourcePositions,
     compiles,

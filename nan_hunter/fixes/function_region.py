@@ -43,7 +43,13 @@ from nan_hunter.fixes.autocast_region import (
     _string_interior_lines,
 )
 from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.source import Source, SourceError, SourcePositions, compiles, decode_source
+from nan_hunter.fixes.source_file import (
+    Source,
+    SourceError,
+    SourcePositions,
+    compiles,
+    decode_source,
+)
 
 __all__ = ["build_function_region_patch"]
 

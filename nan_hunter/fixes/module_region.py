@@ -55,7 +55,7 @@ from nan_hunter.fixes.function_region import (
     tensor_casts,
     tensor_parameters,
 )
-from nan_hunter.fixes.source import SourceError, SourcePositions, decode_source
+from nan_hunter.fixes.source_file import SourceError, SourcePositions, decode_source
 
 __all__ = ["KeptModulePatch", "build_kept_module_patch"]
 

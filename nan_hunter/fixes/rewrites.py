@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from nan_hunter.fixes.source import (
+from nan_hunter.fixes.source_file import (
     SourceError,
     SourcePositions,
     compiles,

@@ -33,11 +33,11 @@ from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.trace import deferred
+from nan_hunter.trace.call_sites import SiteResolver, frame_origin
 from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
 from nan_hunter.trace.device_queries import device_query, may_ask_device
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import SiteResolver, frame_origin
 from nan_hunter.trace.stats import TensorStats
 
 # Ops that only re-view or re-label their input: no arithmetic, so nothing to check.
