@@ -18,6 +18,7 @@ from nan_hunter.fixes.source_file import (
     SourcePositions,
     compiles,
     dotted_name,
+    last_name,
     read_source,
 )
 
@@ -181,7 +182,7 @@ def bce_with_logits(path: Path, line: int) -> str | None:
         inner = node.args[0]
         if not (
             isinstance(inner, ast.Call)
-            and _last_name(inner.func) in _SIGMOIDS
+            and last_name(inner.func) in _SIGMOIDS
             and (len(inner.args) == 1 or isinstance(inner.func, ast.Attribute))
         ):
             continue
@@ -192,11 +193,11 @@ def bce_with_logits(path: Path, line: int) -> str | None:
             continue
         func = node.func
         spans: list[tuple[int, int, str]] = []
-        if _last_name(func) == "binary_cross_entropy":
+        if last_name(func) == "binary_cross_entropy":
             assert isinstance(func, (ast.Attribute, ast.Name))
             start, end = source.span(func)
             spans.append((start, end, source.segment(func) + "_with_logits"))
-        elif isinstance(func, ast.Call) and _last_name(func.func) == "BCELoss":
+        elif isinstance(func, ast.Call) and last_name(func.func) == "BCELoss":
             start, end = source.span(func.func)
             name = source.segment(func.func)
             spans.append((start, end, name[: -len("BCELoss")] + "BCEWithLogitsLoss"))
@@ -234,7 +235,7 @@ def custom_function_fp32(path: Path, line: int, device_type: str) -> str | None:
         if backward is None or backward.lineno != line:
             continue
         if forward is None or "setup_context" in methods or any(
-            _last_name(d.func if isinstance(d, ast.Call) else d) in _AMP_DECORATORS
+            last_name(d.func if isinstance(d, ast.Call) else d) in _AMP_DECORATORS
             for node in (forward, backward) for d in node.decorator_list
         ):
             return None
@@ -256,11 +257,3 @@ def _line_above(source: SourcePositions, lineno: int, code: str) -> tuple[int, i
     indent = body[: len(body) - len(body.lstrip())]
     start = source.offset(lineno, 0)
     return start, start, f"{indent}{code}{current[len(body):] or chr(10)}"
-
-
-def _last_name(func: ast.expr) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return None
