@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten
 
-from nan_hunter.candidate import Candidate, Upstream
+from nan_hunter.candidate import Candidate, RoundedConstant, Upstream
 from nan_hunter.findings import Phase, SourceLocation
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import ScaleWindow
@@ -173,9 +173,31 @@ def find_upstream(
         if in_low and ref is not None:
             low_zeros = sum(s.zeros or 0 for s in event.outputs)
             ref_zeros = sum(s.zeros or 0 for s in ref.outputs)
+            if low_zeros > ref_zeros and _is_subtraction(event.op):
+                constants = tuple(rounded_constants(events, event, fmt))
+                return Upstream(event, "cancel", ref, constants)
             if low_zeros > ref_zeros:
-                return Upstream(event, "flush")
+                return Upstream(event, "flush", ref)
     return None
+
+
+def _is_subtraction(op: str) -> bool:
+    return op.rsplit(".", 1)[-1].strip("_") in ("sub", "rsub", "isub", "subtract")
+
+
+def rounded_constants(
+    events: tuple[OpEvent, ...], start: OpEvent, fmt: FloatFormat, depth: int = 4
+) -> Iterator[RoundedConstant]:
+    """The Python numbers ``start`` and the ops producing its inputs read (nearest first) whose
+    value in ``fmt`` is 0 or ±1 while the number is not: ``x * 0.99999`` is ``x`` in FP16,
+    ``1 - 1e-5`` is 1. Only ops whose result is in ``fmt``."""
+    for event in (start, *_producers(events, start, depth)):
+        if not any(s.dtype == fmt.name for s in event.outputs):
+            continue
+        for value in event.scalars:
+            rounded = fmt.round(value)
+            if rounded != value and rounded in (0.0, 1.0, -1.0):
+                yield RoundedConstant(value, rounded, event)
 
 
 def out_of_range_consumers(

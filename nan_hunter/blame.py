@@ -14,9 +14,9 @@ from pathlib import Path
 
 from nan_hunter.errors import NOT_THE_MODELS, UserCodeError, first_line
 from nan_hunter.precision.gradients import UnmeasuredGradient
+from nan_hunter.trace.call_sites import frame_origin, own_module_path
 from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import frame_origin, own_module_path
 
 
 @contextlib.contextmanager
@@ -53,7 +53,8 @@ _PASSES_ON = frozenset(
         ("trace/tracer.py", "__torch_function__"), ("trace/tracer.py", "call_or_replay"),
         ("precision/emulation.py", "__torch_dispatch__"),
         ("precision/override.py", "kernel"), ("precision/replay.py", "replay_in_fp32"),
-        ("precision/device_alias.py", "<lambda>"), ("runner.py", "run"), ("runner.py", "backward"),
+        ("precision/device_alias.py", "<lambda>"), ("precision/device_alias.py", "call"),
+        ("runner.py", "run"), ("runner.py", "backward"),
         ("model_state.py", "cast_model"),
     }
 )  # fmt: skip

@@ -25,7 +25,24 @@ class Upstream:
 
     event: OpEvent
     reason: str
-    """``"eps"``: a Python scalar that rounds to 0; ``"flush"``: values flushed to 0."""
+    """``"eps"``: a Python scalar that rounds to 0; ``"flush"``: values flushed to 0;
+    ``"cancel"``: a subtraction of values that are equal in low precision (its zeros are the
+    operands' rounding, never an underflow: two distinct FP16 numbers differ by at least a
+    subnormal)."""
+    reference: OpEvent | None = None
+    """The same op in the FP32 reference run."""
+    constants: tuple[RoundedConstant, ...] = ()
+    """For ``"cancel"``: Python numbers on the way there that round to 0 or ±1 in low
+    precision (``1 - 1e-5`` is 1.0 in FP16), nearest first."""
+
+
+@dataclass(frozen=True)
+class RoundedConstant:
+    """A Python number an op reads whose low-precision value is a boundary (0, ±1)."""
+
+    value: float
+    rounded: float
+    event: OpEvent
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -22,10 +22,26 @@ from nan_hunter.choices import SETTING_CHOICES
 from nan_hunter.errors import ConfigError
 from nan_hunter.resources import default_config_file
 
-if TYPE_CHECKING:
-    from nan_hunter.discovery import ProjectConfig
-
 DEFAULT_CONFIG = default_config_file()
+
+PYPROJECT = "pyproject.toml"
+TABLE = "nan-hunter"
+"""The ``[tool.nan-hunter]`` table of a ``pyproject.toml``."""
+
+
+@dataclass(frozen=True)
+class ProjectConfig:
+    """Settings found in a project file (``nan_hunter.discovery`` finds it): the file and its
+    raw key/value pairs."""
+
+    path: Path
+    values: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The file as a setting's source: ``/path/pyproject.toml [tool.nan-hunter]``."""
+        suffix = f" [tool.{TABLE}]" if self.path.name == PYPROJECT else ""
+        return f"{self.path}{suffix}"
 
 GRADSCALER_INIT_SCALE = 65536.0
 """``torch.amp.GradScaler``'s default ``init_scale`` (2**16)."""

@@ -17,13 +17,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nan_hunter.config import Settings, read_config_file
+from nan_hunter.config import PYPROJECT, TABLE, ProjectConfig, Settings, read_config_file
 from nan_hunter.errors import ConfigError
 from nan_hunter.targets import visible
 
@@ -33,22 +32,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 YAML_NAMES = ("nan-hunter.yaml", ".nan-hunter.yaml")
-PYPROJECT = "pyproject.toml"
-TABLE = "nan-hunter"
-
-
-@dataclass(frozen=True)
-class ProjectConfig:
-    """Settings found in a project file: the file and its raw key/value pairs."""
-
-    path: Path
-    values: Mapping[str, Any]
-
-    @property
-    def label(self) -> str:
-        """The file as a setting's source: ``/path/pyproject.toml [tool.nan-hunter]``."""
-        suffix = f" [tool.{TABLE}]" if self.path.name == PYPROJECT else ""
-        return f"{self.path}{suffix}"
 
 
 def search_start(paths: Iterable[str]) -> Path:

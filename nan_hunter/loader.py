@@ -30,7 +30,7 @@ from nan_hunter import activity
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import NOT_THE_MODELS, LoadError, UserCodeError, first_line
 from nan_hunter.targets import check_model_file
-from nan_hunter.trace.source import frame_origin
+from nan_hunter.trace.call_sites import frame_origin
 
 
 @dataclass(frozen=True)

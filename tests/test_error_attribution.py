@@ -100,7 +100,7 @@ def test_the_models_error_is_the_models_when_the_package_folder_has_another_name
 ) -> None:
     # An install where site-packages/nan_hunter is a symlink to a folder of another name: the
     # pass-on functions are found by their path inside the package, not by a "/nan_hunter/"
-    # in it (at 6b1725b the op's error read as nan-hunter's own, a raw RuntimeError).
+    # in it (else the op's error reads as nan-hunter's own, a raw RuntimeError).
     real = tmp_path / "checkout" / "nh_package"
     package = Path(nan_hunter.__file__).resolve().parent
     shutil.copytree(package, real, ignore=shutil.ignore_patterns("__pycache__"))

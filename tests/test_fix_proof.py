@@ -14,7 +14,7 @@ from nan_hunter.findings import Applicability, Finding, Report
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.fixes.build import make_fix
 from nan_hunter.fixes.edits import edits_between
-from nan_hunter.fixes.source import read_source
+from nan_hunter.fixes.source_file import read_source
 from nan_hunter.fixes.verify import verify_fixes
 from nan_hunter.fixes.workflow import apply_fixes
 from tests.conftest import EXAMPLES, FIXTURES, marker_line

@@ -13,8 +13,8 @@ import pytest
 
 from nan_hunter.api import scan_file
 from nan_hunter.findings import Finding, Fix, Report
-from nan_hunter.fixes.autocast_region import python_numbers
 from nan_hunter.fixes.function_region import build_function_region_patch
+from nan_hunter.fixes.python_numbers import python_numbers
 
 # --- which names hold Python numbers -----------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""A parameter behind a custom ``autograd.Function`` keeps the selective histograms of 8ac5505.
+"""A parameter behind a custom ``autograd.Function`` keeps the selective histograms.
 
-Review r16: ``_PASS_THROUGH`` lists ``PyNode`` for custom functions, but the node of a Python
+``_PASS_THROUGH`` lists ``PyNode`` for custom functions, but the node of a Python
 ``autograd.Function`` is an instance of ``<Name>Backward`` (a ``BackwardCFunction`` subclass), so
 the name never matches: every parameter reached through one (a straight-through fake quantizer,
 a custom cast) makes the whole pass run twice, the second time reading every statistic back as

@@ -1,9 +1,9 @@
 """Findings that read ``zeros`` on tensors large enough to be sampled (more than ``EXACT_UP_TO``
-values: since d0986e2, zeros are estimated on a strided sample there).
+values: zeros are estimated on a strided sample there).
 
-Review r16: both tests pass at 836bc0a and fail at d0986e2. A value that flushes (or a divisor's
-0) off the sample is invisible, and a whole column of a row-major tensor whose row length is a
-multiple of the stride is never sampled.
+Without a recount, a value that flushes (or a divisor's 0) off the sample is invisible, and a
+whole column of a row-major tensor whose row length is a multiple of the stride is never
+sampled.
 """
 
 from __future__ import annotations

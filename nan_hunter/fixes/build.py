@@ -21,8 +21,13 @@ from nan_hunter.fixes.edits import (
 )
 from nan_hunter.fixes.function_region import build_function_region_patch
 from nan_hunter.fixes.module_region import build_kept_module_patch
-from nan_hunter.fixes.rewrites import bce_with_logits, finfo_limit, scalar_literal
-from nan_hunter.fixes.source import read_source
+from nan_hunter.fixes.rewrites import (
+    bce_with_logits,
+    custom_function_fp32,
+    finfo_limit,
+    scalar_literal,
+)
+from nan_hunter.fixes.source_file import read_source
 from nan_hunter.precision.formats import LOW_PRECISION
 from nan_hunter.project import is_installed, project_root, shared_root
 from nan_hunter.rules.registry import Candidate, FixPlan
@@ -179,9 +184,12 @@ def with_kept_module(finding: Finding, dtype: str) -> Finding:
 
 
 _REWRITES = {
-    "finfo": lambda path, line, plan: finfo_limit(path, line, plan.value),
-    "bce_logits": lambda path, line, plan: bce_with_logits(path, line),
-    "scalar": lambda path, line, plan: scalar_literal(path, line, plan.value, plan.literal),
+    "finfo": lambda path, line, plan, device: finfo_limit(path, line, plan.value),
+    "bce_logits": lambda path, line, plan, device: bce_with_logits(path, line),
+    "scalar": lambda path, line, plan, device: scalar_literal(
+        path, line, plan.value, plan.literal
+    ),
+    "custom_function": lambda path, line, plan, device: custom_function_fp32(path, line, device),
 }
 
 
@@ -197,8 +205,11 @@ def _build(
     # The file itself, not a link to it (a project file linked from elsewhere, or an unedited
     # file in the verification's mirror): its project root holds the path the edits name.
     if site is not None and plan.rewrite:
+        if plan.rewrite == "custom_function" and half_dtype is not None:
+            # torch.amp's decorators act under autocast only: after .half() they change nothing
+            return _advice(_half_custom_function(c, half_dtype), c, half_dtype)
         path = Path(site.file).resolve()
-        new_text = _REWRITES[plan.rewrite](path, plan.rewrite_line or site.line, plan)
+        new_text = _REWRITES[plan.rewrite](path, plan.rewrite_line or site.line, plan, device)
         if new_text is None:
             return _advice(plan.title, c, half_dtype)
         edits = edits_between(path, read_source(path).text, new_text)
@@ -292,6 +303,15 @@ def _downstream_regions(
         spans.setdefault(file, []).append((patch.first_line, patch.last_line))
         regions.append((SourceLocation(str(file), line, ""), patch.edits))
     return regions, root
+
+
+def _half_custom_function(c: Candidate, half_dtype: str) -> str:
+    name = c.event.op.removesuffix(".apply")
+    return (
+        f"Compute {name}'s forward and backward in FP32: .float() on the tensors they read "
+        f"(inputs, saved tensors, incoming gradients), results cast back to "
+        f"{half_dtype.removeprefix('torch.')}"
+    )
 
 
 def _place(site: SourceLocation, culprit_file: Path) -> str:

@@ -1,6 +1,6 @@
 """Which fixes can change what another finding computes: one FP32 forward with a data-flow probe.
 
-Verification re-scans independent fixes together (``nan_hunter.fixes.batch``). Whether two
+Verification re-scans independent fixes together (``nan_hunter.fixes.grouping``). Whether two
 fixes are independent is measured, not guessed from module names: the model's forward and loss
 run once in FP32 (on a copy of the model, without gradients) under a ``TorchFunctionMode`` that
 labels every op's outputs with the *pieces of code* it ran in, and passes the labels on from
@@ -18,7 +18,7 @@ edited range in which no op ran (an edit in ``__init__``, at import time, in a b
 does not take): what such an edit changes is not seen by the probe, so it is never combined.
 
 Not seen (documented limits): values that leave tensors (``.item()``, ``.tolist()``, Python
-control flow on them) and the backward pass; ``nan_hunter.fixes.batch`` states what that means
+control flow on them) and the backward pass; ``nan_hunter.fixes.grouping`` states what that means
 for combining.
 """
 

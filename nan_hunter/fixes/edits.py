@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Edit
-from nan_hunter.fixes.source import Source, read_source, split_lines
+from nan_hunter.fixes.source_file import Source, read_source, split_lines
 
 
 class EditConflict(NanHunterError):

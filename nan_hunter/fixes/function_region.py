@@ -20,10 +20,11 @@ submodules called inside compute in FP32 on FP32 inputs, and its FP32 results en
 the model, where autocast casts them again. Under ``model.half()`` there is no autocast to
 disable (the weights themselves are FP16): no edit is made then.
 
-A ``with`` block, not an ``@torch.autocast(..., enabled=False)`` decorator: a decorator builds its
-autocast object when the module is imported, and a scan that predicts CUDA on a CPU maps
-``device_type="cuda"`` to the CPU only for objects built during its passes
-(``nan_hunter.precision.device_alias``), so a decorator's region could not be verified there.
+A ``with`` block, not an ``@torch.autocast(..., enabled=False)`` decorator: the parameters' casts
+have to run inside the disabled region, which a decorator would leave to the function's first
+lines, and a ``with`` block reads the same wherever the function is defined. (A scan that
+predicts CUDA on a CPU maps a user's decorator built at import too:
+``nan_hunter.precision.device_alias``.)
 """
 
 from __future__ import annotations
@@ -32,17 +33,21 @@ import ast
 import pathlib
 
 from nan_hunter.fixes.autocast_region import (
-    _INDENT_UNIT,
+    INDENT_UNIT,
     RegionPatch,
-    _has_torch_import,
-    _import_insert_index,
-    _insert_line,
-    _is_autocast_off,
-    _newline_of,
-    _string_interior_lines,
+    insert_line,
+    newline_of,
+    string_interior_lines,
 )
 from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.source import Source, SourceError, SourcePositions, compiles, decode_source
+from nan_hunter.fixes.source_file import (
+    Source,
+    SourceError,
+    SourcePositions,
+    compiles,
+    decode_source,
+)
+from nan_hunter.fixes.statements import has_torch_import, import_insert_index, is_autocast_off
 
 __all__ = ["build_function_region_patch"]
 
@@ -89,15 +94,15 @@ def build_function_region_patch(
         return None  # ``def f(x): return x``: no line of its own to put the casts on
     positions = SourcePositions(text)
     lines = list(positions.lines)
-    interior = _string_interior_lines(lines)
+    interior = string_interior_lines(lines)
     if interior is None:
         return None
-    newline = _newline_of(lines)
+    newline = newline_of(lines)
     def_indent = _indent(positions.line(function.lineno))
     body_indent = _indent(positions.line(first.lineno))
     if not body_indent.startswith(def_indent) or body_indent == def_indent:
         return None
-    unit = "\t" if "\t" in body_indent else _INDENT_UNIT
+    unit = "\t" if "\t" in body_indent else INDENT_UNIT
     last = function.end_lineno or function.lineno
     for lineno in range(first.lineno, last + 1):
         if lineno not in interior and lines[lineno - 1].strip():
@@ -142,14 +147,14 @@ def finish_patch(
     """``lines`` (the file's, already edited in place) with ``insertions`` made and
     ``import torch`` added where the code before ``import_before`` has none, as a patch; None
     when the result does not compile."""
-    if not _has_torch_import(tree.body, import_before, False):
+    if not has_torch_import(tree.body, import_before, False):
         insertions = [
             *insertions,
-            (_import_insert_index(tree.body, positions, import_before, False),
+            (import_insert_index(tree.body, positions, import_before, False),
              f"import torch{newline}"),
         ]
     for index, new_text in sorted(insertions, key=lambda item: item[0], reverse=True):
-        _insert_line(lines, index, new_text, newline)
+        insert_line(lines, index, new_text, newline)
     new_text = "".join(lines)
     if not compiles(new_text, str(path)):
         return None
@@ -178,7 +183,7 @@ def innermost_function(
             if isinstance(child, _FUNCTIONS) and child.body[0].lineno <= line:
                 best = (child, in_class and not _is_static(child))
             elif isinstance(child, ast.Lambda) or (
-                isinstance(child, (ast.With, ast.AsyncWith)) and _is_autocast_off(child)
+                isinstance(child, (ast.With, ast.AsyncWith)) and is_autocast_off(child)
             ):
                 best = None
                 return

@@ -44,10 +44,10 @@ import pathlib
 from dataclasses import dataclass
 
 from nan_hunter.fixes.autocast_region import (
-    _INDENT_UNIT,
+    INDENT_UNIT,
     RegionPatch,
-    _newline_of,
-    _string_interior_lines,
+    newline_of,
+    string_interior_lines,
 )
 from nan_hunter.fixes.function_region import (
     finish_patch,
@@ -55,7 +55,7 @@ from nan_hunter.fixes.function_region import (
     tensor_casts,
     tensor_parameters,
 )
-from nan_hunter.fixes.source import SourceError, SourcePositions, decode_source
+from nan_hunter.fixes.source_file import SourceError, SourcePositions, decode_source
 
 __all__ = ["KeptModulePatch", "build_kept_module_patch"]
 
@@ -114,7 +114,7 @@ def build_kept_module_patch(
         return None
     positions = SourcePositions(text)
     lines = list(positions.lines)
-    if _string_interior_lines(lines) is None:
+    if string_interior_lines(lines) is None:
         return None
     body = function.body
     first = body[1] if _is_docstring(body[0]) and len(body) > 1 else body[0]
@@ -122,12 +122,12 @@ def build_kept_module_patch(
         return None
     if first.lineno == function.lineno:
         return None
-    newline = _newline_of(lines)
+    newline = newline_of(lines)
     body_indent = _indent(positions.line(first.lineno))
     def_indent = _indent(positions.line(function.lineno))
     if not body_indent.startswith(def_indent) or body_indent == def_indent:
         return None
-    unit = "\t" if "\t" in body_indent else _INDENT_UNIT
+    unit = "\t" if "\t" in body_indent else INDENT_UNIT
     taken = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)} | {
         a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)
     }

@@ -13,11 +13,12 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from nan_hunter.fixes.source import (
+from nan_hunter.fixes.source_file import (
     SourceError,
     SourcePositions,
     compiles,
     dotted_name,
+    last_name,
     read_source,
 )
 
@@ -181,7 +182,7 @@ def bce_with_logits(path: Path, line: int) -> str | None:
         inner = node.args[0]
         if not (
             isinstance(inner, ast.Call)
-            and _last_name(inner.func) in _SIGMOIDS
+            and last_name(inner.func) in _SIGMOIDS
             and (len(inner.args) == 1 or isinstance(inner.func, ast.Attribute))
         ):
             continue
@@ -192,11 +193,11 @@ def bce_with_logits(path: Path, line: int) -> str | None:
             continue
         func = node.func
         spans: list[tuple[int, int, str]] = []
-        if _last_name(func) == "binary_cross_entropy":
+        if last_name(func) == "binary_cross_entropy":
             assert isinstance(func, (ast.Attribute, ast.Name))
             start, end = source.span(func)
             spans.append((start, end, source.segment(func) + "_with_logits"))
-        elif isinstance(func, ast.Call) and _last_name(func.func) == "BCELoss":
+        elif isinstance(func, ast.Call) and last_name(func.func) == "BCELoss":
             start, end = source.span(func.func)
             name = source.segment(func.func)
             spans.append((start, end, name[: -len("BCELoss")] + "BCEWithLogitsLoss"))
@@ -208,9 +209,51 @@ def bce_with_logits(path: Path, line: int) -> str | None:
     return None
 
 
-def _last_name(func: ast.expr) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute):
-        return func.attr
+_AMP_DECORATORS = frozenset({"custom_fwd", "custom_bwd"})
+
+
+def custom_function_fp32(path: Path, line: int, device_type: str) -> str | None:
+    """The custom ``autograd.Function`` whose ``def backward`` is on ``line`` runs in FP32 under
+    autocast: ``@torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)`` on its
+    ``forward`` (FP32 inputs, autocast off inside) and ``@torch.amp.custom_bwd(...)`` on its
+    ``backward`` (the same autocast state as the forward), each written right above its
+    ``def``. None for a Function already decorated so, one with ``setup_context`` (its
+    ``forward`` takes no ``ctx`` for the decorator to record on), or a file without ``import
+    torch``."""
+    parsed = _parse(path)
+    if parsed is None or not _binds_torch(parsed[1]):
+        return None
+    text, tree, source = parsed
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = {
+            node.name: node for node in cls.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        backward, forward = methods.get("backward"), methods.get("forward")
+        if backward is None or backward.lineno != line:
+            continue
+        if forward is None or "setup_context" in methods or any(
+            last_name(d.func if isinstance(d, ast.Call) else d) in _AMP_DECORATORS
+            for node in (forward, backward) for d in node.decorator_list
+        ):
+            return None
+        device = f'device_type="{device_type}"'
+        spans = [
+            _line_above(source, forward.lineno,
+                        f"@torch.amp.custom_fwd({device}, cast_inputs=torch.float32)"),
+            _line_above(source, backward.lineno, f"@torch.amp.custom_bwd({device})"),
+        ]
+        return _replace(text, spans)
     return None
+
+
+def _line_above(source: SourcePositions, lineno: int, code: str) -> tuple[int, int, str]:
+    """An insertion of ``code`` as a line of its own above ``lineno``, indented as that line
+    and ended as it is."""
+    current = source.lines[lineno - 1]
+    body = current.rstrip("\r\n")
+    indent = body[: len(body) - len(body.lstrip())]
+    start = source.offset(lineno, 0)
+    return start, start, f"{indent}{code}{current[len(body):] or chr(10)}"

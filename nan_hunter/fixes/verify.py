@@ -11,7 +11,7 @@ maps, through the edits' line map, into an edited region, and no error the origi
 not have (compared through the same map, never by finding code). What remains is listed.
 
 Fixes that are independent are verified together, one re-scan per group, and one at a time
-only when their group's re-scan fails (``nan_hunter.fixes.batch`` says when combining is
+only when their group's re-scan fails (``nan_hunter.fixes.grouping`` says when combining is
 sound); that needs a ``Probe`` of the model's data flow, without one every fix is re-scanned
 on its own.
 """
@@ -29,9 +29,9 @@ from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Finding, Fix, Report, SourceLocation
-from nan_hunter.fixes.batch import Candidate, Key, code_of, verify_groups, worth_probing
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
+from nan_hunter.fixes.grouping import Key, PendingFix, code_of, verify_groups, worth_probing
 from nan_hunter.progress import announce
 from nan_hunter.project import is_installed, real_path, shared_root
 
@@ -51,7 +51,7 @@ class Verdict:
     remaining: tuple[str, ...]
     op_still_fails: bool = False
     """The re-scan has an error at the fixed op itself (a failure of this fix alone, when it
-    was re-scanned with independent fixes: see ``nan_hunter.fixes.batch``)."""
+    was re-scanned with independent fixes: see ``nan_hunter.fixes.grouping``)."""
 
 
 def verify_fixes(
@@ -69,10 +69,10 @@ def verify_fixes(
     if probe is not None and worth_probing(everything):
         flow = _dataflow(everything, probe)
 
-        def verify_one(c: Candidate) -> Verdict:
+        def verify_one(c: PendingFix) -> Verdict:
             return verify_fix(c.fix, c.finding, report, rescan, entry)
 
-        def together(group: Sequence[Candidate]) -> dict[Key, Verdict] | None:
+        def together(group: Sequence[PendingFix]) -> dict[Key, Verdict] | None:
             return verify_together(group, report, rescan, entry)
 
         cache.update(verify_groups(primaries, flow, verify_one, together))
@@ -101,24 +101,24 @@ def _key(fix: Fix, finding: Finding) -> Key:
     return (frozenset(fix.edits), finding.op, finding.module)
 
 
-def _primaries(report: Report) -> list[Candidate]:
+def _primaries(report: Report) -> list[PendingFix]:
     """Each unsuppressed finding's own fix with edits, once per key, in report order."""
-    out: dict[Key, Candidate] = {}
+    out: dict[Key, PendingFix] = {}
     for finding in report.findings:
         fix = finding.fix
         if fix is not None and fix.edits and finding.suppression is None:
-            out.setdefault(_key(fix, finding), Candidate(_key(fix, finding), finding, fix))
+            out.setdefault(_key(fix, finding), PendingFix(_key(fix, finding), finding, fix))
     return list(out.values())
 
 
-def _first_alternatives(report: Report) -> list[tuple[Finding, list[Candidate]]]:
+def _first_alternatives(report: Report) -> list[tuple[Finding, list[PendingFix]]]:
     """Per unsuppressed finding, the alternatives with edits of its fix (first level)."""
     out = []
     for finding in report.findings:
         if finding.fix is None or finding.suppression is not None:
             continue
         alts = [
-            Candidate(_key(alt, finding), finding, alt)
+            PendingFix(_key(alt, finding), finding, alt)
             for alt in finding.fix.alternatives
             if alt.edits
         ]
@@ -127,7 +127,7 @@ def _first_alternatives(report: Report) -> list[tuple[Finding, list[Candidate]]]
     return out
 
 
-def _dataflow(candidates: Sequence[Candidate], probe: Probe) -> Dataflow | None:
+def _dataflow(candidates: Sequence[PendingFix], probe: Probe) -> Dataflow | None:
     """The probe's answer, or None (every fix verified on its own) when it cannot run."""
     try:
         return probe({c.key: code_of(c) for c in candidates})
@@ -136,7 +136,7 @@ def _dataflow(candidates: Sequence[Candidate], probe: Probe) -> Dataflow | None:
 
 
 def verify_together(
-    group: Sequence[Candidate], report: Report, rescan: Rescan, entry: Path
+    group: Sequence[PendingFix], report: Report, rescan: Rescan, entry: Path
 ) -> dict[Key, Verdict] | None:
     """ONE re-scan of ``entry``'s project with every fix of ``group`` applied, each finding
     judged against it; None when the re-scan cannot run (the group is then split)."""

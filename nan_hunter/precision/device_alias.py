@@ -5,9 +5,11 @@ When nan-hunter predicts a CUDA run on a CPU, the model's code still says ``devi
 device_type="cuda", cast_inputs=torch.float32)`` on a custom Function, and so do nan-hunter's own
 patches. Without a GPU those are silently disabled. ``DeviceAlias`` maps the device type
 ``"cuda"`` to ``"cpu"`` in ``torch.autocast``, ``torch.is_autocast_enabled``,
-``torch.get_autocast_dtype`` and the input cast of ``custom_fwd``, for the duration of a ``with``
-block, and puts the originals back on exit: when the last alias open in the process exits
-(``nan_hunter.shared_patch``), so that two scans in two threads leave torch as they found it.
+``torch.get_autocast_dtype`` and the input cast of ``custom_fwd`` (and, in ``__enter__`` and
+``__exit__``, for autocast objects made before, such as a decorator built at import), for the
+duration of a ``with`` block, and puts the originals back on exit: when the last alias open in
+the process exits (``nan_hunter.shared_patch``), so that two scans in two threads leave torch as
+they found it.
 While any alias is open the mapping holds for the whole process, as any patch of torch does.
 """
 
@@ -43,7 +45,26 @@ def _make_patches(source: str, target: str) -> list[SharedPatch]:
     def mapping_args(fn: Callable[..., Any]) -> Callable[..., Any]:
         return lambda *a, **k: fn(*(mapped(x) for x in a), **k)  # passes the call on
 
+    def on_device(method: Callable[..., Any]) -> Callable[..., Any]:
+        """``__enter__``/``__exit__`` of an autocast built before the alias opened (a decorator
+        ``@torch.autocast("cuda", enabled=False)`` made when the model file was imported) act
+        on ``target``: its device is swapped for the call only, so the object is the user's
+        again afterwards."""
+
+        def call(obj: Any, *a: Any) -> Any:
+            if getattr(obj, "device", None) != source:
+                return method(obj, *a)  # passes the call on
+            obj.device = target
+            try:
+                return method(obj, *a)  # passes the call on
+            finally:
+                obj.device = source
+
+        return call
+
     return [
+        SharedPatch(autocast_mode.autocast, "__enter__", on_device),
+        SharedPatch(autocast_mode.autocast, "__exit__", on_device),
         SharedPatch(
             autocast_mode.autocast,
             "__init__",

@@ -30,7 +30,11 @@ class FloatFormat:
         """True when a nonzero Python scalar becomes 0 once rounded to this format."""
         if value == 0:
             return False
-        return torch.tensor(value, dtype=self.dtype).item() == 0
+        return self.round(value) == 0
+
+    def round(self, value: float) -> float:
+        """A Python number rounded to this format (to nearest, as a cast does)."""
+        return float(torch.tensor(value, dtype=self.dtype).item())
 
 
 FP16 = FloatFormat.of(torch.float16)

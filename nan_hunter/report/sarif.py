@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from nan_hunter.findings import Edit, Failed, Finding, Fix, OpRef, Report, Severity
 from nan_hunter.fixes.edits import by_file, combine, text_digest
-from nan_hunter.fixes.source import SourceError, read_source, split_lines
+from nan_hunter.fixes.source_file import SourceError, read_source, split_lines
 from nan_hunter.report.catalog import RuleInfo, rule_catalog
 from nan_hunter.report.paths import repository_relative
 from nan_hunter.version import __version__

@@ -22,6 +22,34 @@ _DOMAIN_HINTS = {
 }
 
 
+_BACKWARD_HINTS = {
+    "sqrt": "sqrt at 0, whose gradient 1 / (2 sqrt(x)) is inf there (0 * inf is NaN), as in "
+    "the norm of an all-zero vector",
+    "rsqrt": "rsqrt at 0, whose gradient is inf there",
+    "pow": "a fractional power at 0, whose gradient is inf there",
+    "log": "log at 0, whose gradient 1 / x is inf there",
+    "log2": "log2 at 0, whose gradient is inf there",
+    "log10": "log10 at 0, whose gradient is inf there",
+    "truediv": "a division by 0 (the gradient of x / d is -x / d**2)",
+    "div": "a division by 0 (the gradient of x / d is -x / d**2)",
+    "reciprocal": "the reciprocal of 0, whose gradient is -1 / x**2",
+    "acos": "acos at -1 or 1, whose gradient is inf there",
+    "asin": "asin at -1 or 1, whose gradient is inf there",
+    "atan2": "atan2(0, 0), whose gradient is 0 / 0",
+}
+"""Causes of a gradient that is non-finite in FP32 where the forward value was finite."""
+
+_BACKWARD_ADVICE = {
+    "sqrt": "Add eps inside the root: torch.sqrt(x + eps) (a norm: torch.sqrt((h * h).sum(-1) "
+    "+ eps)), or use torch.linalg.vector_norm, whose gradient at 0 is 0",
+    "rsqrt": "Add eps inside: torch.rsqrt(x + eps)",
+    "pow": "Keep the base away from 0: x.clamp_min(eps) ** p",
+    "acos": "Keep the input inside the domain: torch.acos(x.clamp(-1 + eps, 1 - eps))",
+    "asin": "Keep the input inside the domain: torch.asin(x.clamp(-1 + eps, 1 - eps))",
+    "atan2": "Keep the arguments off (0, 0): torch.atan2(y, x + eps), or mask those entries",
+}
+"""Advice for those: the forward is fine, its derivative is not."""
+
 _ADVICE = {
     "ctc_loss": "An input sequence is too short for its target (infinite CTC loss): pass "
     "zero_infinity=True to F.ctc_loss / nn.CTCLoss, or drop those samples",
@@ -47,9 +75,18 @@ _ADVICE = {
 """Advice that fits the op, for a non-finite result that is a real bug."""
 
 
+def _hints(c: Candidate) -> dict[str, str]:
+    """A gradient that is non-finite where its forward was finite has its own causes."""
+    forward_finite = c.reference is None or c.reference.outputs_finite
+    return _BACKWARD_HINTS if c.phase is Phase.BACKWARD and forward_finite else _DOMAIN_HINTS
+
+
 def _operand(c: Candidate) -> str:
     """Name the operand that makes the op invalid, from the FP32 reference's inputs."""
     inputs = c.reference.inputs if c.reference is not None else c.event.inputs
+    if inputs and c.phase is Phase.BACKWARD and c.op_name in _BACKWARD_HINTS:
+        zeros = inputs[0].zeros
+        return f": its input holds {zeros} zeros" if zeros else ""
     if not inputs or c.phase is not Phase.FORWARD:
         return ""
     if c.op_name in ("log", "log2", "log10", "sqrt", "rsqrt"):
@@ -101,7 +138,7 @@ of the data. nan-hunter suggests no autocast patch for this rule.
         return Kind.NAN if any(s.nan for s in stats) else Kind.INF
 
     def message(self, c: Candidate) -> str:
-        hint = _DOMAIN_HINTS.get(c.op_name)
+        hint = _hints(c).get(c.op_name)
         cause = f", likely {hint}" if hint else ""
         return (
             f"{c.event.op} gets {output_damage(c)} in FP32 as well: not a precision problem"
@@ -109,8 +146,16 @@ of the data. nan-hunter suggests no autocast patch for this rule.
         )
 
     def fix(self, c: Candidate) -> FixPlan:
-        advice = _ADVICE.get(c.op_name)
+        backward = c.phase is Phase.BACKWARD
+        advice = (_BACKWARD_ADVICE.get(c.op_name) if backward else None) or _ADVICE.get(
+            c.op_name
+        )
         if advice is not None:
             return FixPlan(title=f"{advice}; no autocast fix")
-        hint = _DOMAIN_HINTS.get(c.op_name, "an invalid operand")
+        hint = _hints(c).get(c.op_name)
+        if hint is None:
+            return FixPlan(
+                title="Find what makes the op's input invalid in FP32 (a 0, a negative number, an"
+                " inf from an earlier op) and guard it; no autocast fix"
+            )
         return FixPlan(title=f"Guard the operand against {hint}; no autocast fix")

@@ -39,7 +39,10 @@ loss = out32.sum() * 1e5                      # dloss/dout = 1e5 > 65504 -> inf
 When a loss scale is what pushes the gradient over, lower it (`GradScaler(init_scale=...)`, which
 also skips such steps): display-only advice. When the gradient overflows even unscaled (a steep
 op: `pow(x, -k)` or `sqrt` near 0, `atan2`), the op runs in FP32 (an autocast-disabled region,
-verified by re-scan), so that its backward does too.
+verified by re-scan), so that its backward does too. When the op is a custom
+`autograd.Function` whose own `backward` overflows, the finding is at that `def backward` line
+and the fix decorates the Function with `torch.amp.custom_fwd(cast_inputs=torch.float32)` and
+`torch.amp.custom_bwd`, so that both halves run in FP32 under autocast (verified by re-scan).
 """
 
     def matches(self, c: Candidate) -> bool:
@@ -59,13 +62,25 @@ verified by re-scan), so that its backward does too.
         received = "receives finite gradients and produces"
         if c.grad is not None and not all(s.finite for s in c.grad.incoming):
             received = "is the first to receive non-finite gradients (from the loss) and produces"
+        op = c.event.op
+        if c.event.custom_function:
+            op = f"the custom autograd.Function {op.removesuffix('.apply')} (its own backward)"
         return (
-            f"the backward of {c.event.op} {received} "
+            f"the backward of {op} {received} "
             f"{output_damage(c)}{scale}{fp32_reach(c)}{advice}"
         )
 
     def fix(self, c: Candidate) -> FixPlan:
         window = c.scale_window
+        if c.grad_scale <= 1.0 and c.ref_finite and c.event.custom_function:
+            # The Function's own backward overflows: no region around its call reaches code
+            # that autograd runs later; torch.amp's decorators run both halves in FP32.
+            name = c.event.op.removesuffix(".apply")
+            return FixPlan(
+                title=f"Run {name} in FP32 under autocast: torch.amp.custom_fwd(cast_inputs="
+                "torch.float32) on its forward, torch.amp.custom_bwd on its backward",
+                rewrite="custom_function",
+            )
         if c.grad_scale <= 1.0 and c.ref_finite and c.op_name not in _CASTS:
             # No loss scale pushed it over: the backward overflows unscaled (a steep op near
             # 0, pow(x, -k), atan2): the op's own backward has to run in FP32. Not for a cast:

@@ -53,7 +53,9 @@ class FixPlan:
     rewrite: str = ""
     """A one-token rewrite instead of a region (``nan_hunter.fixes.rewrites``): ``"finfo"``
     (a constant -> the dtype's limit), ``"bce_logits"`` (sigmoid + BCE -> with-logits),
-    ``"scalar"`` (the number ``value`` -> ``literal``)."""
+    ``"scalar"`` (the number ``value`` -> ``literal``), ``"custom_function"`` (the custom
+    ``autograd.Function`` whose ``def backward`` is on the line runs in FP32: ``torch.amp``'s
+    ``custom_fwd``/``custom_bwd``)."""
     rewrite_line: int = 0
     """The line of the rewrite in the culprit's file (0: the culprit's line)."""
     value: float = 0.0

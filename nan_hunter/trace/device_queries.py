@@ -22,7 +22,7 @@ import torch
 
 from nan_hunter.project import is_installed
 from nan_hunter.shared_patch import SharedPatch
-from nan_hunter.trace.source import frame_origin
+from nan_hunter.trace.call_sites import frame_origin
 
 _ANSWERING_GETTERS = ((torch.Tensor.is_cuda, "is_cuda"), (torch.Tensor.is_cpu, "is_cpu"))
 """Properties whose value is the answer "which device": any read of them is a device query."""

@@ -40,6 +40,9 @@ class OpEvent:
     call_site: SourceLocation | None = None
     """When ``location`` is in an installed library (site-packages, the standard library): the
     nearest frame outside it, in the user's project, where a fix can go."""
+    custom_function: bool = False
+    """A custom ``autograd.Function``: ``op`` is ``<Name>.apply``, ``location`` the ``def
+    backward`` line (its backward is the Function's own code, not a traced op's)."""
 
     @cached_property
     def inputs_finite(self) -> bool:

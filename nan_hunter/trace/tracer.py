@@ -13,6 +13,7 @@ instruction) and events are built from the resolved statistics when they are ask
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import sys
 from collections import Counter
@@ -32,11 +33,11 @@ from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.trace import deferred
+from nan_hunter.trace.call_sites import SiteResolver, frame_origin
 from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
 from nan_hunter.trace.device_queries import device_query, may_ask_device
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import SiteResolver, frame_origin
 from nan_hunter.trace.stats import TensorStats
 
 # Ops that only re-view or re-label their input: no arithmetic, so nothing to check.
@@ -52,6 +53,9 @@ _VIEW_OPS = frozenset(
 
 _MODE_FRAMES = frozenset({"__torch_function__", "call_or_replay"})
 """Frames of nan_hunter's own modes that pass a call on (seen between a call and its caller)."""
+
+_CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
+"""The class of every custom ``autograd.Function``'s node (``<Name>Backward``)."""
 
 _AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 
@@ -88,6 +92,7 @@ class _OpRecord(NamedTuple):
     autocast: bool
     failure: PolicyFailure | None
     call_site: SourceLocation | None
+    custom_function: bool = False
 
 
 class OpTracer(TorchFunctionMode):
@@ -184,6 +189,7 @@ class OpTracer(TorchFunctionMode):
                     autocast=r.autocast,
                     failure=r.failure,
                     call_site=r.call_site,
+                    custom_function=r.custom_function,
                 )
             )
         return self._events
@@ -223,6 +229,7 @@ class OpTracer(TorchFunctionMode):
         name = _base_name(func)
         flat = call_leaves(args, kwargs)
         in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        self._watch_custom_functions(in_tensors)
         if name in _VIEW_OPS:
             out = func(*args, **kwargs)  # passes the call on
             self._inherit_producer(out, in_tensors)
@@ -388,14 +395,16 @@ class OpTracer(TorchFunctionMode):
 
     def mark_escaped(self, output: Any) -> None:
         """Record the producers of a module's output: values the next layer may cast."""
-        for t in output_leaves(output):
-            if isinstance(t, torch.Tensor):
-                index = self._producer.get(t)
-                if index is not None:
-                    self.escaped.add(index)
-                elif t.grad_fn is not None and not self._paused:
-                    # computed (it has a graph node), and by no op this mode recorded
-                    self.unseen.setdefault(self._modules.current or "(root)")
+        outputs = [t for t in output_leaves(output) if isinstance(t, torch.Tensor)]
+        if not self._paused:
+            self._watch_custom_functions(outputs)
+        for t in outputs:
+            index = self._producer.get(t)
+            if index is not None:
+                self.escaped.add(index)
+            elif t.grad_fn is not None and not self._paused:
+                # computed (it has a graph node), and by no op this mode recorded
+                self.unseen.setdefault(self._modules.current or "(root)")
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -405,6 +414,48 @@ class OpTracer(TorchFunctionMode):
             yield
         finally:
             self._paused = previous
+
+    def _watch_custom_functions(self, tensors: list[torch.Tensor]) -> None:
+        """A tensor that came out of a custom ``autograd.Function`` (seen when an op reads it or
+        a module returns it): its backward is the Function's own ``backward``, which no traced
+        op's node stands for. It gets a record of its own, the Function named at that method,
+        so that a gradient it makes inf is blamed on it and not on the next traced op."""
+        for t in tensors:
+            node = t.grad_fn
+            if isinstance(node, _CUSTOM_FUNCTION) and id(node) not in self._nodes:
+                self._record_custom_function(node, t)
+
+    def _record_custom_function(self, node: Any, t: torch.Tensor) -> None:
+        function = type(node)._forward_cls
+        location = _backward_location(function)
+        op = f"{function.__qualname__}.apply"
+        index = len(self._records)
+        slot = self._slot_of(t)
+        producer = self._producer.get(t)
+        if producer is not None:  # none: made by ops this mode never saw (NH003 says so)
+            self._producer[t] = index
+        file, line = (location.file, location.line) if location else ("", 0)
+        self._occurrences[(op, file, line)] += 1
+        self._records.append(
+            _OpRecord(
+                index,
+                op,
+                self._modules.current,
+                location,
+                location is not None and frame_origin(location.file) == "user",
+                (slot,),  # the Function's output read as its input: never an origin in forward
+                (slot,),
+                (producer,),
+                (),
+                (op, file, line, self._occurrences[(op, file, line)]),
+                self.in_loss,
+                any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
+                None,
+                None,
+                custom_function=True,
+            )
+        )
+        self._nodes[id(node)] = (node, index)
 
     # -- backward --------------------------------------------------------------------------
     def _watch_backward(self, out_tensors: list[torch.Tensor], index: int) -> None:
@@ -471,6 +522,22 @@ class UntracedOps(TorchFunctionMode):
             if in_tensors:
                 _protect_written(self._before_write, kwargs, in_tensors)
         return call_or_replay(func, args, kwargs)[0]  # passes the call on
+
+
+def _backward_location(function: type) -> SourceLocation | None:
+    """The ``def backward`` line of a custom ``autograd.Function`` (its decorators skipped)."""
+    backward = getattr(function, "backward", None)
+    if callable(backward):
+        backward = inspect.unwrap(backward)  # under once_differentiable and other wrappers
+    code = getattr(backward, "__code__", None)
+    if code is None:
+        return None
+    file, line = code.co_filename, code.co_firstlineno
+    for offset in range(16):  # @staticmethod and any other decorators stand above the def
+        text = linecache.getline(file, line + offset).strip()
+        if text.startswith(("def ", "async def ")):
+            return SourceLocation(file=file, line=line + offset, code=text)
+    return SourceLocation(file=file, line=line, code=linecache.getline(file, line).strip())
 
 
 def _refuse_nested(op: str, module: str) -> NoReturn:

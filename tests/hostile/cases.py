@@ -355,6 +355,30 @@ LIBRARY_SOURCE = (
     "import torch\n\n\ndef gram(x):\n"
     "    return x @ x.transpose(-2, -1)  # nan-hunter: ignore[NH] -- the library's own judgement\n"
 )
+CUSTOM_FUNCTION_BACKWARD = (
+    "import torch\nfrom torch import nn\n\n\n"
+    "class Steep(torch.autograd.Function):\n"
+    "    @staticmethod\n"
+    "    def forward(ctx, x):\n"
+    "        ctx.save_for_backward(x)\n"
+    "        return x / (x * x + 1.0)\n\n"
+    "    @staticmethod\n"
+    "    def backward(ctx, grad):\n"
+    "        (x,) = ctx.saved_tensors\n"
+    "        return grad * 1e5 / (x * x + 1e-2) * 1e-3\n\n\n"
+    "class Net(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = nn.Linear(4, 4)\n"
+    "        nn.init.constant_(self.fc.weight, 0.01)\n"
+    "        nn.init.zeros_(self.fc.bias)\n\n"
+    "    def forward(self, x):\n"
+    "        return Steep.apply(self.fc(x))\n\n\n"
+    "def build_model():\n    return Net()\n\n\n"
+    "def sample_batch():\n    return torch.ones(2, 4)\n"
+)
+"""A custom Function whose own backward overflows FP16 (the linear before it only receives
+the inf)."""
 LIBRARY_USER = (
     f"import torch\nfrom torch import nn\n\nimport {LIBRARY}\n\n\n"
     "class Style(nn.Module):\n"
@@ -365,7 +389,7 @@ LIBRARY_USER = (
     "def build_model():\n    torch.manual_seed(0)\n    return Style()\n\n\n"
     "def sample_batch():\n    torch.manual_seed(0)\n    return torch.randn(2, 8, 16)\n"
 )
-"""attack20's model: its culprit op runs in an installed library, called from the user's file."""
+"""A model whose culprit op runs in an installed library, called from the user's file."""
 
 
 def _installed_library(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -849,6 +873,10 @@ CASES: list[Case] = [
     Case("installed-library-comment-suppresses-nothing", SCAN, 1,
          files={"model.py": LIBRARY_USER, f"venv/site-packages/{LIBRARY}/__init__.py":
                 LIBRARY_SOURCE}, setup=_installed_library, check=_library_finding_active),
+    Case("custom-function-backward-is-named-at-its-backward", SCAN, 1,
+         files={"model.py": CUSTOM_FUNCTION_BACKWARD}, child=True,
+         check=_stdout_has("error[NH401] inf: the backward of the custom autograd.Function "
+                           "Steep (its own backward)")),
     Case("model-raises-cancelled-error-in-forward", SCAN, 2,
          r"error: the model raised CancelledError during forward: stop",
          files={"model.py": model(top="import asyncio",

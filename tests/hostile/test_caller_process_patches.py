@@ -26,6 +26,8 @@ SCRIPT = textwrap.dedent(
     def torch_functions():
         return {
             "autocast.__init__": autocast_mode.autocast.__init__,
+            "autocast.__enter__": autocast_mode.autocast.__enter__,
+            "autocast.__exit__": autocast_mode.autocast.__exit__,
             "is_autocast_enabled": torch.is_autocast_enabled,
             "get_autocast_dtype": torch.get_autocast_dtype,
             "_cast": autocast_mode._cast,

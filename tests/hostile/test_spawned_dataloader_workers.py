@@ -58,17 +58,17 @@ def test_a_batch_from_spawned_dataloader_workers(context: str, work: Path) -> No
 def test_the_module_name_is_the_files_own_unless_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "attack20_api_name.py"
+    path = tmp_path / "api_name.py"
     path.write_text("VALUE = 1\n")
     # the caller's process (the Python API): an internal name, its own "import x" stays its own
-    assert import_user_module(str(path)).__name__.startswith("_nan_hunter_user_attack20_api")
+    assert import_user_module(str(path)).__name__.startswith("_nan_hunter_user_api_name")
     monkeypatch.setattr(loader, "_OWN_NAMES", True)  # the scan process (nan_hunter._worker)
-    for stem in ("attack20_free_name", "json", "my-model", "yaml", "test", "_tracemalloc"):
+    for stem in ("free_name", "json", "my-model", "yaml", "test", "_tracemalloc"):
         path = tmp_path / f"{stem}.py"
         path.write_text("VALUE = 1\n")
         module = import_user_module(str(path))
         assert module.__file__ == str(path) and module.VALUE == 1
-        if stem == "attack20_free_name":
+        if stem == "free_name":
             assert module.__name__ == stem
         else:  # an imported or importable module's name, or not an identifier: internal
             assert module.__name__.startswith(f"_nan_hunter_user_{stem}_")

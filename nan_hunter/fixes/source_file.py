@@ -129,3 +129,12 @@ def dotted_name(expr: ast.expr) -> str | None:
     if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
         return f"{expr.value.id}.{expr.attr}"
     return None
+
+
+def last_name(func: ast.expr) -> str | None:
+    """The name a call is made by: ``f`` of ``f(x)``, ``mean`` of ``x.mean()``."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None

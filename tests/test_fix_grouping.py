@@ -1,4 +1,4 @@
-"""Independent fixes verified together (nan_hunter.fixes.batch): one re-scan per group, the same
+"""Independent fixes verified together (nan_hunter.fixes.grouping): one re-scan per group, the same
 verdicts as one at a time, a split that isolates a bad fix, dependent fixes never combined."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import nan_hunter.api as api
 from nan_hunter.findings import Applicability, Edit, Finding, Fix, Kind, Phase, Report, Severity
 from nan_hunter.fixes import verify as verify_module
-from nan_hunter.fixes.batch import Candidate, groups, independent, worth_probing
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow, probe_dataflow
-from nan_hunter.fixes.source import read_source
+from nan_hunter.fixes.grouping import PendingFix, groups, independent, worth_probing
+from nan_hunter.fixes.source_file import read_source
 from nan_hunter.location import SourceLocation
 from tests.conftest import FIXTURES, GOLDEN, marker_line, scanned
 
@@ -277,7 +277,7 @@ def test_probe_on_the_four_heads_finds_them_independent() -> None:
 
 def _candidate(
     path: Path, module: str, line: int, *, phase: Phase = Phase.FORWARD, span: int = 1
-) -> Candidate:
+) -> PendingFix:
     text = path.read_text()
     lines = text.splitlines(keepends=True)
     start = sum(len(x) for x in lines[: line - 1])
@@ -288,16 +288,16 @@ def _candidate(
         module=module, location=SourceLocation(str(path), line, ""), origin=True, message="",
     )
     fix = Fix(title="t", applicability=Applicability.SAFE, edits=(edit,))
-    return Candidate((module, line), finding, fix)
+    return PendingFix((module, line), finding, fix)
 
 
 def test_dependent_fixes_are_not_combined(tmp_path: Path) -> None:
-    """(d): each of the conditions in nan_hunter.fixes.batch keeps two fixes apart."""
+    """(d): each of the conditions in nan_hunter.fixes.grouping keeps two fixes apart."""
     path = tmp_path / "lines.py"
     path.write_text("".join(f"x{i} = {i}\n" for i in range(1, 41)))
     free = Dataflow({}, frozenset())
 
-    def together(a: Candidate, b: Candidate, flow: Dataflow = free) -> bool:
+    def together(a: PendingFix, b: PendingFix, flow: Dataflow = free) -> bool:
         grouped = groups([a, b], flow)
         assert independent(a, b, flow) is (len(grouped) == 1)
         return len(grouped) == 1
@@ -372,7 +372,7 @@ class _Fake:
         self.bad, self.kind = bad, kind
         self.rescans: list[tuple[str, ...]] = []
 
-    def one(self, c: Candidate) -> verify_module.Verdict:
+    def one(self, c: PendingFix) -> verify_module.Verdict:
         self.rescans.append((c.finding.module,))
         bad = c.finding.module in self.bad
         return verify_module.Verdict(not bad, (), op_still_fails=bad and self.kind == "op")
@@ -392,7 +392,7 @@ class _Fake:
         return out
 
 
-def _eight(tmp_path: Path) -> list[Candidate]:
+def _eight(tmp_path: Path) -> list[PendingFix]:
     path = tmp_path / "lines.py"
     path.write_text("".join(f"x{i} = {i}\n" for i in range(1, 41)))
     return [_candidate(path, f"heads.{i}", 1 + 4 * i) for i in range(8)]
@@ -417,7 +417,7 @@ ALL_EIGHT = {f"heads.{i}" for i in range(8)}
 def test_split_ends_in_one_at_a_time_verdicts(
     tmp_path: Path, bad: set[str], kind: str, rescans: int
 ) -> None:
-    from nan_hunter.fixes.batch import verify_groups
+    from nan_hunter.fixes.grouping import verify_groups
 
     candidates = _eight(tmp_path)
     fake = _Fake(bad, kind)

@@ -1,4 +1,4 @@
-"""Tests for ``nan_hunter.trace.source``: op names, and attribution of traced ops to their lines."""
+"""``nan_hunter.trace.call_sites``: op names, and attribution of traced ops to their lines."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nan_hunter.precision.formats import FP16
+from nan_hunter.trace.call_sites import frame_origin, op_display_name
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.modules import ModuleTracker
-from nan_hunter.trace.source import frame_origin, op_display_name
 from nan_hunter.trace.tracer import OpTracer
 
 THIS_FILE = Path(__file__).resolve()

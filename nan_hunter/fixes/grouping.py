@@ -63,7 +63,7 @@ Key = tuple[object, ...]
 
 
 @dataclass(frozen=True)
-class Candidate:
+class PendingFix:
     """A fix with edits to verify, with the finding it fixes; ``key`` as in the verdict cache."""
 
     key: Key
@@ -75,7 +75,7 @@ class Candidate:
         return self.fix.edits
 
 
-def code_of(candidate: Candidate) -> list[CodeRange]:
+def code_of(candidate: PendingFix) -> list[CodeRange]:
     """The candidate's piece of code for the data-flow probe: its edited line ranges (original
     lines) and its finding's op line and call site."""
     ranges = [
@@ -102,12 +102,12 @@ def _contains(outer: str, inner: str) -> bool:
     return outer == inner or inner.startswith(outer + ".")
 
 
-def independent(a: Candidate, b: Candidate, flow: Dataflow) -> bool:
+def independent(a: PendingFix, b: PendingFix, flow: Dataflow) -> bool:
     """The five conditions of the module docstring."""
     return may_combine(a, b) and flow.independent(a.key, b.key)
 
 
-def may_combine(a: Candidate, b: Candidate) -> bool:
+def may_combine(a: PendingFix, b: PendingFix) -> bool:
     """Conditions 1-3 and 5 (all but the data flow): what the report alone says."""
     fa, fb = a.finding, b.finding
     if a.fix.applicability is not b.fix.applicability:
@@ -136,7 +136,7 @@ def may_combine(a: Candidate, b: Candidate) -> bool:
     return True
 
 
-def worth_probing(candidates: Sequence[Candidate]) -> bool:
+def worth_probing(candidates: Sequence[PendingFix]) -> bool:
     """Some two candidates pass conditions 1-3 and 5: only then is the data-flow probe run."""
     return any(may_combine(a, b) for a, b in itertools.combinations(candidates, 2))
 
@@ -148,10 +148,10 @@ def _by_file(edits: Sequence[Edit]) -> dict[str, list[Edit]]:
     return out
 
 
-def groups(candidates: Sequence[Candidate], flow: Dataflow | None) -> list[list[Candidate]]:
+def groups(candidates: Sequence[PendingFix], flow: Dataflow | None) -> list[list[PendingFix]]:
     """Candidates in groups of mutually independent ones (first fit, in report order); every
     candidate alone when there is no data-flow probe."""
-    out: list[list[Candidate]] = []
+    out: list[list[PendingFix]] = []
     for candidate in candidates:
         home = None
         if flow is not None:
@@ -177,10 +177,10 @@ V = TypeVar("V", bound=_Verdict)
 
 
 def verify_groups(
-    candidates: Sequence[Candidate],
+    candidates: Sequence[PendingFix],
     flow: Dataflow | None,
-    verify_one: Callable[[Candidate], V],
-    verify_together: Callable[[Sequence[Candidate]], dict[Key, V] | None],
+    verify_one: Callable[[PendingFix], V],
+    verify_together: Callable[[Sequence[PendingFix]], dict[Key, V] | None],
 ) -> dict[Key, V]:
     """A verdict per candidate key: each group by one re-scan, split when it fails.
 
@@ -194,9 +194,9 @@ def verify_groups(
 
 
 def _verify(
-    group: Sequence[Candidate],
-    verify_one: Callable[[Candidate], V],
-    verify_together: Callable[[Sequence[Candidate]], dict[Key, V] | None],
+    group: Sequence[PendingFix],
+    verify_one: Callable[[PendingFix], V],
+    verify_together: Callable[[Sequence[PendingFix]], dict[Key, V] | None],
 ) -> dict[Key, V]:
     """How a failed group is split: the members whose own op still fails in the group's
     re-scan (their failure is theirs: no other member's values reach that op) are verified one
