@@ -12,6 +12,7 @@ __all__ = [
     "WatchEvent",
     "Watcher",
     "__version__",
+    "render",
     "run_steps",
     "scan",
     "scan_file",
@@ -20,6 +21,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from nan_hunter.api import scan, scan_file
+    from nan_hunter.report import render
     from nan_hunter.training import (
         StepsResult,
         TrainingProblem,
@@ -37,6 +39,10 @@ def __getattr__(name: str) -> Any:
     # Lazy: `import nan_hunter` stays cheap (no torch import) until the API is used.
     # `watch` is the function from nan_hunter.training (the old module nan_hunter.watch, kept
     # for its imports, is callable as the function too).
+    if name == "render":  # torch-free: the report layer only
+        from nan_hunter.report import render
+
+        return render
     if name in _API:
         from nan_hunter import api
 

@@ -1,20 +1,15 @@
-"""Findings: what a scan reports, as frozen data. Rendering lives in ``nan_hunter.report``."""
+"""Findings: what a scan reports, as frozen data. ``nan_hunter.report.render(report, format)``
+(also ``nan_hunter.render``) turns a ``Report`` into text; the data imports nothing above it."""
 
 from __future__ import annotations
 
 import enum
-import importlib
 from dataclasses import dataclass, field
 
 from nan_hunter.location import SourceLocation
 from nan_hunter.precision.scale_window import ScaleWindow
 from nan_hunter.ranges import RangeMap
 from nan_hunter.trace.summary import TensorStats
-
-_OUTPUT_LAYER = "nan_hunter.report"
-"""Where ``Report.render`` finds the emitters: the layer above this one, imported by name when a
-report is rendered (``Report.render``/``to_json``/``to_markdown`` are public API), so the data
-model imports nothing above it."""
 
 
 class Severity(str, enum.Enum):
@@ -268,26 +263,4 @@ class Report:
     def exit_code(self, fail_on: str = "error") -> int:
         threshold = {Severity.ERROR} if fail_on == "error" else {Severity.ERROR, Severity.WARNING}
         return 1 if any(f.severity in threshold for f in self.active) else 0
-
-    def render(
-        self,
-        fmt: str = "text",
-        color: bool = False,
-        width: int | None = None,
-        *,
-        range_map: bool = False,
-    ) -> str:
-        """The report in ``fmt`` (text, json, markdown, html, sarif, github, junit), as the CLI
-        prints it; ``color``, ``width`` (columns, at least 80; None: lines unwrapped) and
-        ``range_map`` (every module's range, not only the closest ops) apply to text only."""
-        render = importlib.import_module(_OUTPUT_LAYER).render
-        return str(render(self, fmt, color=color, width=width, range_map=range_map))
-
-    def to_json(self) -> str:
-        """The JSON report (schema ``nan-hunter/report/v1``)."""
-        return self.render("json")
-
-    def to_markdown(self) -> str:
-        """The Markdown report (for a PR comment or a CI job summary)."""
-        return self.render("markdown")
 

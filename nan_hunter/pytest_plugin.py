@@ -52,6 +52,7 @@ def assert_amp_safe(
     import torch
 
     from nan_hunter.api import scan
+    from nan_hunter.report import render
 
     if fail_on not in _FAIL_ON:
         raise ValueError(f"fail_on must be one of {', '.join(_FAIL_ON)}, got {fail_on!r}")
@@ -65,7 +66,7 @@ def assert_amp_safe(
         **options,
     )
     if report.exit_code(fail_on) != 0:
-        pytest.fail(report.render(width=100), pytrace=False)
+        pytest.fail(render(report, width=100), pytrace=False)
     return report
 
 

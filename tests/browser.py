@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nan_hunter.report import render
+
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
@@ -84,7 +86,7 @@ def main() -> None:
                                  seconds=0.0)
     with tempfile.TemporaryDirectory() as tmp:
         page = Path(tmp) / "report.html"
-        page.write_text(report.render("html"), encoding="utf-8")
+        page.write_text(render(report, "html"), encoding="utf-8")
         README_SHOT.parent.mkdir(parents=True, exist_ok=True)
         screenshot(browser, page, README_SHOT, size=(1100, 860))
     print(f"wrote {README_SHOT}")

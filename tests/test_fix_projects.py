@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
 from nan_hunter.fixes.verify import verify_fixes
+from nan_hunter.report import render
 from tests.conftest import FIXTURES, ROOT
 
 PROJECTS = FIXTURES / "projects"
@@ -92,12 +93,12 @@ def test_installed_library_culprit_is_fixed_at_the_call_site(
     assert (fix.verified, fix.remaining) == (True, ())
     assert fix.diff is not None and fix.diff.startswith("--- a/model.py\n+++ b/model.py\n")
     assert "+            g = nh_tinylib.gram(h.float())  # <- call site\n" in fix.diff
-    sarif = json.loads(report.render("sarif"))
+    sarif = json.loads(render(report, "sarif"))
     (result,) = sarif["runs"][0]["results"]
     (related,) = result["relatedLocations"]
     assert related["physicalLocation"]["region"]["startLine"] == 15
     assert related["message"]["text"].startswith("called from your code here")
-    data = json.loads(report.to_json())
+    data = json.loads(render(report, "json"))
     jsonschema.validate(data, json.loads(SCHEMA.read_text()))
     assert data["findings"][0]["call_site"]["line"] == 15
     (root / "fix.patch").write_text(fix.diff)

@@ -17,6 +17,7 @@ from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import FlushStats, GradientLog
+from nan_hunter.report import render
 from tests.conftest import FIXTURES, marker_line, scanned
 
 UNDERFLOW = FIXTURES / "fx_grad_underflow.py"
@@ -116,10 +117,10 @@ def test_default_models_gradscaler_and_says_so() -> None:
     assert (scaling.policy, scaling.initial, scaling.used, scaling.skipped) == (
         "dynamic", 2.0**16, 2.0**16, 0
     )
-    assert report.render().splitlines()[0].endswith(
+    assert render(report).splitlines()[0].endswith(
         "(policy cuda, GradScaler 2**16, dynamic)"
     )
-    data = json.loads(report.to_json())
+    data = json.loads(render(report, "json"))
     assert data["target"]["loss_scaling"] == {
         "policy": "dynamic", "initial": 65536.0, "used": 65536.0, "skipped_steps": 0
     }
@@ -155,7 +156,7 @@ def test_dynamic_scale_backs_off_as_gradscaler_does() -> None:
     assert window is not None and window.high is not None
     assert scaling.used <= 2.0**window.high + 1  # settles inside the window's overflow bound
     assert f"backed off to 2**{round(math.log2(scaling.used))} after {scaling.skipped}" in (
-        dynamic.render().splitlines()[0]
+        render(dynamic).splitlines()[0]
     )
 
 
@@ -212,7 +213,7 @@ def test_identical_warnings_are_one_finding_listing_the_modules() -> None:
     assert "of the parameters of 3 modules at this line (layers.0, layers.1, layers.2)" in (
         finding.message
     )
-    data = json.loads(report.to_json())
+    data = json.loads(render(report, "json"))
     (entry,) = [f for f in data["findings"] if len(f["modules"]) > 1]
     assert entry["modules"] == ["layers.0", "layers.1", "layers.2"]
     assert entry["module"] == "layers.0"  # the fields of today stay

@@ -23,6 +23,7 @@ from nan_hunter.api import scan_file
 from nan_hunter.errors import LoadError, UserCodeError
 from nan_hunter.findings import Report
 from nan_hunter.loader import load_target, unwrap_model
+from nan_hunter.report import render
 from tests.conftest import ROOT, marker_line
 from tests.hard_inputs import hi_fp32_regions
 from tests.test_model_state import _assert_same, _snapshot
@@ -514,7 +515,7 @@ def test_compiled_model_file_scans_the_original_module() -> None:
     report = scan_file(str(path))
     assert _codes(report) == ["NH102"]
     assert report.target.notes == target.unwrapped  # the report says so
-    assert "note  torch.compile: scanned the original module" in report.render()
+    assert "note  torch.compile: scanned the original module" in render(report)
     (finding,) = report.findings
     assert (finding.op, finding.module) == ("torch.nn.functional.linear", "fc")
     assert finding.location is not None
@@ -782,7 +783,7 @@ def test_same_scan_twice_gives_the_same_report(make: Any) -> None:
         second.propagated,
     )
     assert _stable(first) == _stable(second)
-    assert first.render().replace(f"{first.seconds:.2f}s", "") == second.render().replace(
+    assert render(first).replace(f"{first.seconds:.2f}s", "") == render(second).replace(
         f"{second.seconds:.2f}s", ""
     )
 

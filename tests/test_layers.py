@@ -3,7 +3,7 @@
 Every ``import`` statement counts, at module level and inside functions alike (a lazy import
 is still a dependency, and usually one that hides a cycle); only imports under
 ``if TYPE_CHECKING:`` are left out, since they never run. Imports by name at run time
-(``importlib.import_module``) are not edges of the graph; the two the package has are listed in
+(``importlib.import_module``) are not edges of the graph; the ones the package has are listed in
 ``IMPORTS_BY_NAME`` with their reason, and a new one fails ``test_imports_by_name_are_known``.
 """
 
@@ -47,9 +47,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 IMPORTS_BY_NAME = {
     # the rule registry imports every rules/nh*.py module of its own package (discovery)
     ("nan_hunter.rules.registry", "f'{__package__}.{module.name}'"),
-    # Report.render()/to_json()/to_markdown() are public API (README): the data model reaches
-    # the output layer above it by name, only when a report is rendered
-    ("nan_hunter.findings", "_OUTPUT_LAYER"),
     # the user's model, named on the command line, and its patched copy during verification
     ("nan_hunter.loader", "spec"),
     ("nan_hunter.fixes.in_memory", "name"),

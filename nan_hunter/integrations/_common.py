@@ -15,6 +15,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from nan_hunter.findings import Report
+from nan_hunter.report import render
 from nan_hunter.runner import default_loss
 from nan_hunter.safe_write import write_file
 from nan_hunter.training.distributed import current_ranks, rank_path
@@ -136,8 +137,8 @@ def write_report(report: Report, folder: str | Path, stem: str) -> tuple[Path, P
     base.mkdir(parents=True, exist_ok=True)
     text = Path(rank_path(str(base / f"{stem}.txt"), ranks))
     data = Path(rank_path(str(base / f"{stem}.json"), ranks))
-    write_file(text, report.render("text"))
-    write_file(data, report.render("json"))
+    write_file(text, render(report, "text"))
+    write_file(data, render(report, "json"))
     return text, data
 
 

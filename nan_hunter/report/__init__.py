@@ -29,19 +29,22 @@ _PLAIN: dict[str, Callable[[Report], str]] = {
 
 def render(
     report: Report,
-    fmt: str,
+    output_format: str = "text",
     *,
     color: bool = False,
     width: int | None = None,
     range_map: bool = False,
 ) -> str:
-    """``report`` in ``fmt``; ``width`` lays the text report out to that many columns (at least
-    80), None writes its lines unwrapped; ``range_map`` lists every module's range in the text
-    report (else the ops closest to the limits only)."""
-    if fmt == "text":
+    """``report`` in ``output_format`` (text, json, markdown, html, sarif, github, junit), as the
+    CLI prints it. For text only: ``color``; ``width`` lays it out to that many columns (at
+    least 80), None writes its lines unwrapped; ``range_map`` lists every module's range (else
+    the ops closest to the limits only)."""
+    if output_format == "text":
         return render_text(report, color=color, width=width, range_map=range_map)
-    emitter = _PLAIN.get(fmt)
+    emitter = _PLAIN.get(output_format)
     if emitter is None:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise ValueError(
+            f"unknown format {output_format!r}; choose one of {', '.join(FORMATS)}"
+        )
     return emitter(report)
 

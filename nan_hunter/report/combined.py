@@ -35,30 +35,30 @@ SCHEMA = "nan-hunter/reports/v1"
 def render_many(
     reports: Sequence[Report],
     failed: Sequence[Failed],
-    fmt: str,
+    output_format: str,
     *,
     color: bool = False,
     width: int | None = None,
     range_map: bool = False,
 ) -> str:
-    if fmt == "text":
+    if output_format == "text":
         parts = [render_text(r, color=color, width=width, range_map=range_map) for r in reports]
         lines = [f"failed: {echoed(f.path)}: {echoed(f.message)}" for f in failed]
         return "\n".join([*parts, *lines, total_line(reports, failed)]) + "\n"
-    if fmt == "json":
+    if output_format == "json":
         return json.dumps(reports_dict(reports, failed), indent=2) + "\n"
-    if fmt == "sarif":
+    if output_format == "sarif":
         return render_sarif_many(reports, failed)
-    if fmt == "junit":
+    if output_format == "junit":
         return render_junit_many(reports, failed)
-    if fmt == "github":
+    if output_format == "github":
         lines = [
             f"::error title=nan-hunter::{escape_data(f'{f.path}: {f.message}')}" for f in failed
         ]
         return "".join(render_github(r) for r in reports) + "".join(f"{x}\n" for x in lines)
-    if fmt == "html":
+    if output_format == "html":
         return render_html_many(reports, failed)
-    if fmt == "markdown":
+    if output_format == "markdown":
         blocks = [render_markdown(r) for r in reports]
         if failed:
             blocks.append(
@@ -68,7 +68,7 @@ def render_many(
             )
         blocks.append(f"**Total:** {total_line(reports, failed)}\n")
         return "\n---\n\n".join(blocks)
-    raise ValueError(f"unknown format {fmt!r}")
+    raise ValueError(f"unknown format {output_format!r}")
 
 
 def _summary(reports: Sequence[Report], failed: Sequence[Failed]) -> dict[str, int]:

@@ -472,7 +472,9 @@ class Watcher:
             if self.output is not None and event.report is not None:
                 path = Path(rank_path(str(self.output), self._ranks))
                 path.parent.mkdir(parents=True, exist_ok=True)
-                write_file(path, event.report.render("json"))
+                from nan_hunter.report.json_report import render_json  # no terminal libraries
+
+                write_file(path, render_json(event.report))
                 event = dataclasses.replace(event, report_path=str(path))
             self.reports.append(event)
             if self._ranks is not None and self._ranks.rank == 0:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nan_hunter.api import scan_file
+from nan_hunter.report import render
 from tests.conftest import FIXTURES
 
 PROJECTS = FIXTURES / "projects"
@@ -56,7 +57,7 @@ def test_a_library_finding_is_suppressed_at_its_call_site(
         "inputs are bounded", str(model), 15
     )
     assert report.errors == 0 and report.exit_code("error") == 0
-    data = json.loads(report.to_json())
+    data = json.loads(render(report, "json"))
     assert data["findings"][0]["suppressed"] is True
 
 
