@@ -19,8 +19,9 @@ from nan_hunter import cli_options as o
 from nan_hunter._worker import quiet_torch_numpy_warning
 from nan_hunter.choices import OutputFormat
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, OneLineErrors
+from nan_hunter.command_output import fail
 from nan_hunter.errors import NanHunterError
-from nan_hunter.scan_command import ScanRequest, fail, run_scan
+from nan_hunter.scan_command import ScanCommand, run_scan
 from nan_hunter.scan_job import ScanJob
 from nan_hunter.terminal import ColorChoice
 
@@ -86,7 +87,7 @@ def scan(
     debug: o.Debug = False,
 ) -> None:
     """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
-    run_scan(ScanRequest(**locals()))
+    run_scan(ScanCommand.partition(locals()))
 
 
 @app.command()

@@ -14,140 +14,170 @@ from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
-from nan_hunter.choices import Device, DType, FailOn, Mode, Numerics, OutputFormat, Policy
+from nan_hunter.choices import OutputFormat
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
-from nan_hunter.errors import NanHunterError, first_line
+from nan_hunter.command_output import (
+    absolute,
+    emit,
+    fail,
+    internal_error,
+    read_files,
+    refuse_overwrite,
+    rendered,
+    write,
+)
+from nan_hunter.errors import NanHunterError
 from nan_hunter.scan_job import ScanJob, scan_job
-from nan_hunter.targets import visible
 from nan_hunter.terminal import ColorChoice
 from nan_hunter.untrusted import echoed, shown_lines
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
 
-    from nan_hunter.findings import Edit, Report
+    from nan_hunter.config import Settings
+    from nan_hunter.findings import Failed, Report
 
 T = TypeVar("T")
 
 
+SETTING_FLAGS = {
+    "dtype": "dtype", "device": "device", "policy": "policy", "mode": "mode",
+    "numerics": "numerics", "backward": "backward", "grad_scale": "grad_scale",
+    "select": "select", "ignore": "ignore", "fail_on": "fail_on", "min_headroom": "min_headroom",
+    "verify": "verify_fixes", "lr": "lr",
+}  # fmt: skip
+"""Flags that override a setting (``configs/default.yaml``, the project's file, ``--config``):
+flag name -> setting key."""
+
+JOB_FLAGS = frozenset(
+    f.name for f in dataclasses.fields(ScanJob) if f.name not in ("path", "settings")
+)
+"""Flags that say what each model file's scan process runs (``nan_hunter.scan_job.ScanJob``)."""
+
+
 @dataclass(frozen=True)
-class ScanRequest:
-    """The arguments of ``nan-hunter scan``, as typer parsed them."""
+class Output:
+    """Flags that say how the reports are shown and where they go."""
+
+    output_format: OutputFormat = OutputFormat.text
+    output: Path | None = None
+    patch: Path | None = None
+    diff: bool = False
+    range_map: bool = False
+    color: ColorChoice = ColorChoice.auto
+    no_color: bool = False
+    quiet: bool = False
+    exit_zero: bool = False
+
+
+@dataclass(frozen=True)
+class ScanCommand:
+    """``nan-hunter scan``'s flags, split once: the paths, the settings they override, the job
+    each scan process runs, how the result is shown, and the process limits."""
 
     paths: list[str]
-    model_fn: str
-    batch_fn: str
-    loss_fn: str
-    weights: Path | None
-    batch_file: Path | None
-    dtype: DType | None
-    device: Device | None
-    policy: Policy | None
-    mode: Mode | None
-    numerics: Numerics | None
-    backward: bool | None
-    grad_scale: str | None
     config: Path | None
-    output_format: OutputFormat
-    output: Path | None
-    patch: Path | None
-    select: list[str] | None
-    ignore: list[str] | None
-    fail_on: FailOn | None
-    min_headroom: float | None
-    range_map: bool
-    exit_zero: bool
-    color: ColorChoice
-    no_color: bool
-    quiet: bool
-    diff: bool
-    fix: bool
-    unsafe_fixes: bool
-    fix_all: bool
-    rounds: int
-    backup: bool
-    verify: bool | None
-    lr: float | None
-    steps: int | None
-    timeout: float | None
-    debug: bool
+    overrides: dict[str, object]
+    job: dict[str, object]
+    output: Output
+    timeout: float | None = None
+    debug: bool = False
+
+    @classmethod
+    def partition(cls, flags: dict[str, object]) -> ScanCommand:
+        """Split the command's parsed flags (as typer passes them) by where each goes; a flag
+        that goes nowhere is a bug of ours."""
+        def plain(value: object) -> object:
+            return getattr(value, "value", value)  # an enum choice -> its setting's value
+
+        outputs = {f.name for f in dataclasses.fields(Output)}
+        known = {"paths", "config", "timeout", "debug", *SETTING_FLAGS, *JOB_FLAGS, *outputs}
+        unknown = sorted(set(flags) - known)
+        if unknown:
+            raise TypeError(f"scan flags with no destination: {', '.join(unknown)}")
+        return cls(
+            paths=list(flags["paths"]),  # type: ignore[call-overload]
+            config=flags["config"],  # type: ignore[arg-type]
+            overrides={key: plain(flags[f]) for f, key in SETTING_FLAGS.items()},
+            job={f: flags[f] for f in JOB_FLAGS},
+            output=Output(**{f: flags[f] for f in outputs}),  # type: ignore[arg-type]
+            timeout=flags["timeout"],  # type: ignore[arg-type]
+            debug=bool(flags["debug"]) or bool(os.environ.get("NAN_HUNTER_DEBUG")),
+        )
 
 
-def run_scan(request: ScanRequest) -> None:
-    """Run the scan the command line asked for; always ends in ``typer.Exit`` with the code."""
-    (
-        paths, model_fn, batch_fn, loss_fn, weights, batch_file, dtype, device, policy,
-        mode, numerics, backward, grad_scale, config, output_format, output, patch, select,
-        ignore, fail_on, min_headroom, range_map, exit_zero, color, no_color, quiet, diff, fix,
-        unsafe_fixes, fix_all, rounds, backup, verify, lr, steps, timeout, debug,
-    ) = (getattr(request, f.name) for f in dataclasses.fields(request))
-    from nan_hunter.config import DEFAULT_CONFIG, load_settings
-    from nan_hunter.discovery import discover, search_start
-    from nan_hunter.fixes.edits import render_diff, render_patch
-    from nan_hunter.fixes.select import select_fixes
-    from nan_hunter.isolation import run_isolated
-    from nan_hunter.project import shared_root
-    from nan_hunter.targets import check_model_file, expand_paths
-    from nan_hunter.terminal import progress_display, report_width, wants_color
-
-    debug = debug or bool(os.environ.get("NAN_HUNTER_DEBUG"))
+def run_scan(command: ScanCommand) -> None:
+    """Settings, then one scan process per model file, then the report: always ends in
+    ``typer.Exit`` with the exit code."""
+    shown = command.output
     # Resolved now, against the folder nan-hunter was started in: the model's code may chdir.
     # "-o -" is standard output, as without -o.
-    output, patch = _absolute(None if str(output) == "-" else output), _absolute(patch)
+    output = absolute(None if str(shown.output) == "-" else shown.output)
+    patch = absolute(shown.patch)
+    settings, files, inputs = _prepare(command, output, patch)
+    reports, failed = _scan_files(command, settings, files, inputs)
+    try:  # nothing written over a file the scan imported (the model's package, its siblings)
+        refuse_overwrite(output, patch, inputs)
+    except NanHunterError as exc:
+        raise fail(str(exc)) from None
+    _show(reports, failed, settings, shown, output, patch, unsafe=bool(command.job["unsafe_fixes"]))
+
+
+def _prepare(
+    command: ScanCommand, output: Path | None, patch: Path | None
+) -> tuple[Settings, list[str], dict[str, str]]:
+    """The settings, the model files and the files the scan reads (never written over)."""
+    from nan_hunter.config import DEFAULT_CONFIG, load_settings
+    from nan_hunter.discovery import discover, search_start
+    from nan_hunter.targets import expand_paths
+
+    job = command.job
     try:
-        project = discover(search_start(paths))
-        settings = load_settings(
-            config,
-            {
-                "dtype": dtype.value if dtype else None,
-                "device": device.value if device else None,
-                "policy": policy.value if policy else None,
-                "mode": mode.value if mode else None,
-                "numerics": numerics.value if numerics else None,
-                "backward": backward,
-                "grad_scale": grad_scale,
-                "select": select,
-                "ignore": ignore,
-                "fail_on": fail_on.value if fail_on else None,
-                "min_headroom": min_headroom,
-                "verify_fixes": verify,
-                "lr": lr,
-            },
-            project=project,
-        )
-        if steps is not None and (fix or fix_all):
+        project = discover(search_start(command.paths))
+        settings = load_settings(command.config, command.overrides, project=project)
+        if job["steps"] is not None and (job["fix"] or job["fix_all"]):
             raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
-        files = expand_paths(paths, model_fn, batch_fn if batch_file is None else None)
-        if len(files) > 1 and (diff or patch is not None):
+        batch_fn = job["batch_fn"] if job["batch_file"] is None else None
+        files = expand_paths(command.paths, job["model_fn"], batch_fn)  # type: ignore[arg-type]
+        if len(files) > 1 and (command.output.diff or patch is not None):
             raise NanHunterError("--diff and --patch take one model file, not several")
         read = [DEFAULT_CONFIG, *([project.path] if project is not None else [])]
-        inputs = _inputs(files, weights, batch_file, config, read)
-        _refuse_overwrite(output, patch, inputs)
+        inputs = read_files(
+            files, job["weights"], job["batch_file"], command.config, read  # type: ignore[arg-type]
+        )
+        refuse_overwrite(output, patch, inputs)
     except NanHunterError as exc:
         raise fail(str(exc)) from None
     except Exception as exc:  # a bug of ours: say so in one line
-        if debug:
+        if command.debug:
             raise
-        raise fail(_internal(exc)) from None
+        raise fail(internal_error(exc)) from None
+    return settings, files, inputs
+
+
+def _scan_files(
+    command: ScanCommand, settings: Settings, files: list[str], inputs: dict[str, str]
+) -> tuple[list[Report], list[Failed]]:
+    """Each model file's report from its own scan process (``nan_hunter.isolation``); with one
+    file, its failure ends the command; with several, it is listed and the others go on."""
+    from nan_hunter.findings import Failed
+    from nan_hunter.isolation import run_isolated
+    from nan_hunter.targets import check_model_file
+    from nan_hunter.terminal import progress_display
 
     def scan_one(path: str) -> Report:
-        """The report of one model file, from its own scan process (``nan_hunter.isolation``)."""
         if path.endswith(".py"):  # said before a scan process starts (and imports torch)
             check_model_file(path)
-        job = ScanJob(
-            path, settings, (model_fn, batch_fn, loss_fn), weights, batch_file, steps, fix,
-            fix_all, rounds, unsafe_fixes, backup,
+        job = ScanJob(path=path, settings=settings, **command.job)  # type: ignore[arg-type]
+        isolated = run_isolated(
+            scan_job, job, timeout=command.timeout, debug=command.debug, on_step=shown.step
         )
-        isolated = run_isolated(scan_job, job, timeout=timeout, debug=debug, on_step=shown.step)
         inputs.update((name, "a file the scan imported") for name in isolated.imported)
         report: Report = isolated.value
         return report
 
-    from nan_hunter.findings import Failed
-
     reports: list[Report] = []
     failed: list[Failed] = []
-    with progress_display(enabled=not quiet, files=len(files)) as shown:
+    with progress_display(enabled=not command.output.quiet, files=len(files)) as shown:
         for path in files:
             shown.file(path)
             try:
@@ -160,135 +190,62 @@ def run_scan(request: ScanRequest) -> None:
                 typer.echo(shown_lines(output_text), err=True, nl=False)
                 failed.append(Failed(path, str(exc)))
             except Exception as exc:  # a bug of ours: say so in one line
-                if debug:
+                if command.debug:
                     raise
-                message = _internal(exc)
+                message = internal_error(exc)
                 if len(files) == 1:
                     raise fail(message) from None
                 typer.echo(f"nan-hunter: error: {echoed(f'{path}: {message}')}", err=True)
                 failed.append(Failed(path, message))
             shown.file_done()
+    return reports, failed
 
+
+def _show(
+    reports: list[Report],
+    failed: list[Failed],
+    settings: Settings,
+    shown: Output,
+    output: Path | None,
+    patch: Path | None,
+    *,
+    unsafe: bool,
+) -> None:
+    """The report (or the diff), the patch file, and the exit code as ``typer.Exit``;
+    ``unsafe``: the fixes chosen may be unsafe ones (``--unsafe-fixes``)."""
+    from nan_hunter.fixes.edits import render_diff, render_patch
+    from nan_hunter.fixes.select import select_fixes
+    from nan_hunter.project import shared_root
     from nan_hunter.report import render
     from nan_hunter.report.combined import render_many
+    from nan_hunter.terminal import report_width, wants_color
 
-    try:  # nothing written over a file the scan imported (the model's package, its siblings)
-        _refuse_overwrite(output, patch, inputs)
-    except NanHunterError as exc:
-        raise fail(str(exc)) from None
-
-    use_color = wants_color(ColorChoice.never if no_color else color, sys.stdout)
-    width = report_width(sys.stdout)
-    if len(files) > 1:
-        text = render_many(
-            reports, failed, output_format.value, color=use_color and output is None, width=width,
-            range_map=range_map,
-        )
-        _emit(text, output, color=use_color, quiet=quiet)
+    use_color = wants_color(ColorChoice.never if shown.no_color else shown.color, sys.stdout)
+    options = {
+        "color": use_color and output is None,
+        "width": report_width(sys.stdout),
+        "range_map": shown.range_map,
+    }
+    output_format = shown.output_format.value
+    if len(reports) + len(failed) > 1:
+        text = render_many(reports, failed, output_format, **options)  # type: ignore[arg-type]
+        emit(text, output, color=use_color, quiet=shown.quiet)
         codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
-        raise typer.Exit(EXIT_CLEAN if exit_zero and not failed else max(codes))
+        raise typer.Exit(EXIT_CLEAN if shown.exit_zero and not failed else max(codes))
     report = reports[0]
-    selection = select_fixes(report, unsafe=unsafe_fixes)
+    code = EXIT_CLEAN if shown.exit_zero else report.exit_code(settings.fail_on)
+    selection = select_fixes(report, unsafe=unsafe)
     root = shared_root([Path(report.target.file), *(Path(e.file) for e in selection.edits)])
-    if diff:
-        typer.echo(_rendered(render_diff, selection.edits, root), nl=False)
-        code = report.exit_code(settings.fail_on)
-        raise typer.Exit(EXIT_CLEAN if exit_zero else code)
-    text = render(
-        report, output_format.value, color=use_color and output is None, width=width,
-        range_map=range_map,
-    )
-    _emit(text, output, color=use_color, quiet=quiet)
+    if shown.diff:
+        typer.echo(rendered(render_diff, selection.edits, root), nl=False)
+        raise typer.Exit(code)
+    emit(render(report, output_format, **options), output,  # type: ignore[arg-type]
+          color=use_color, quiet=shown.quiet)
     if patch is not None:
         if selection.edits:
-            _write(patch, _rendered(render_patch, selection.edits, root))
-            if not quiet:
+            write(patch, rendered(render_patch, selection.edits, root))
+            if not shown.quiet:
                 typer.echo(f"nan-hunter: patch written to {patch}", err=True)
-        elif not quiet:
+        elif not shown.quiet:
             typer.echo("nan-hunter: no patch to write: no finding has a fix to apply", err=True)
-    code = report.exit_code(settings.fail_on)
-    raise typer.Exit(EXIT_CLEAN if exit_zero else code)
-
-
-def fail(message: str, output: str = "") -> typer.Exit:
-    """One error line (the model's text in it capped and its control characters shown escaped:
-    ``nan_hunter.untrusted``); then, for a failed scan process, what the model's code printed,
-    its control characters shown escaped too."""
-    typer.echo(f"nan-hunter: error: {echoed(message)}", err=True)
-    if output:
-        typer.echo(shown_lines(output), err=True, nl=False)
-    return typer.Exit(EXIT_ERROR)
-
-
-def _internal(exc: BaseException) -> str:
-    """One line, even for an exception whose ``__str__`` raises."""
-    try:
-        summary = f"{type(exc).__name__}: {first_line(exc)}"
-    except Exception:
-        summary = type(exc).__name__
-    return f"internal error: {summary} (use --debug for a traceback)"
-
-
-def _absolute(path: Path | None) -> Path | None:
-    return None if path is None else Path(os.path.abspath(path))
-
-
-def _inputs(
-    specs: list[str],
-    weights: Path | None,
-    batch_file: Path | None,
-    config: Path | None,
-    settings_files: Iterable[Path] = (),
-) -> dict[str, str]:
-    """Real path -> what it is, for every file the scan reads that we know of before it runs
-    (``settings_files``: the defaults and the discovered project file, the settings it read)."""
-    named: list[tuple[str, Path | None]] = [
-        ("a settings file the scan read", p) for p in settings_files
-    ]
-    named += [("the model file", Path(s)) for s in specs if s.endswith(".py") or visible(Path(s))]
-    named += [
-        ("the --weights file", weights),
-        ("the --batch-file file", batch_file),
-        ("the --config file", config),
-    ]
-    return {os.path.realpath(p): what for what, p in named if p is not None}
-
-
-def _refuse_overwrite(output: Path | None, patch: Path | None, protected: dict[str, str]) -> None:
-    for target, what in ((output, "report"), (patch, "patch")):
-        real = os.path.realpath(target) if target is not None else None
-        if real is not None and real in protected:
-            raise NanHunterError(
-                f"refusing to write the {what} to {target}: it is {protected[real]}; "
-                "choose another file"
-            )
-
-
-def _emit(text: str, output: Path | None, *, color: bool = False, quiet: bool = False) -> None:
-    """The report on stdout, or into ``output`` with a note on stderr (none when ``quiet``)."""
-    if output is not None:
-        _write(output, text)
-        if not quiet:
-            typer.echo(f"nan-hunter: report written to {output}", err=True)
-    else:  # color=True: click would strip the colour codes from a pipe otherwise
-        typer.echo(text, nl=False, color=color or None)
-
-
-def _rendered(render: Callable[[Iterable[Edit], Path], T], edits: Iterable[Edit], root: Path) -> T:
-    """The fixes' diff or patch, from the files as they are now; one line, exit 2, when one
-    changed since the scan (``EditConflict``)."""
-    try:
-        return render(edits, root)
-    except NanHunterError as exc:
-        raise fail(str(exc)) from None
-
-
-def _write(path: Path, text: str | bytes) -> None:
-    from nan_hunter.safe_write import write_file
-
-    try:
-        write_file(path, text)
-    except NanHunterError as exc:
-        raise fail(str(exc)) from None
-
-
+    raise typer.Exit(code)

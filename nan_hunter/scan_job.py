@@ -26,20 +26,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ScanJob:
-    """What one model file's scan runs in its scan process (see ``nan_hunter.isolation``)."""
+    """What one model file's scan runs in its scan process (see ``nan_hunter.isolation``); the
+    fields after ``settings`` are ``scan``'s flags of the same names."""
 
     path: str
     settings: Settings
-    names: tuple[str, str, str]
-    """``--model-fn``, ``--batch-fn``, ``--loss-fn``."""
-    weights: Path | None
-    batch_file: Path | None
-    steps: int | None
-    fix: bool
-    fix_all: bool
-    rounds: int
-    unsafe_fixes: bool
-    backup: bool
+    model_fn: str = "build_model"
+    batch_fn: str = "sample_batch"
+    loss_fn: str = "loss_fn"
+    weights: Path | None = None
+    batch_file: Path | None = None
+    steps: int | None = None
+    fix: bool = False
+    fix_all: bool = False
+    rounds: int = 5
+    unsafe_fixes: bool = False
+    backup: bool = True
 
 
 def scan_job(job: ScanJob) -> Report:
@@ -52,12 +54,11 @@ def scan_job(job: ScanJob) -> Report:
     from nan_hunter.suppressions import apply_suppressions
     from nan_hunter.training import run_steps
 
-    path, settings, names, weights, batch_file = (
-        job.path, job.settings, Names(*job.names), job.weights, job.batch_file
-    )
+    path, settings, weights, batch_file = job.path, job.settings, job.weights, job.batch_file
     steps, fix, fix_all, rounds, unsafe_fixes, backup = (
         job.steps, job.fix, job.fix_all, job.rounds, job.unsafe_fixes, job.backup
     )
+    names = Names(job.model_fn, job.batch_fn, job.loss_fn)
     # scan_file verifies each fix (nan_hunter.fixes.verify); --fix and --fix-all need it
     verifying = settings.verify_fixes or fix or fix_all
 

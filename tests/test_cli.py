@@ -209,3 +209,28 @@ def test_cuda_device_without_cuda_is_a_clear_error() -> None:
     code, _, err = invoke("scan", str(EXAMPLES / "clean_mlp.py"), "--device", "cuda")
     assert code == 2
     assert "CUDA is not available" in err
+
+
+def test_every_scan_flag_goes_to_exactly_one_place() -> None:
+    """``scan``'s flags are split once (``ScanCommand.partition``): settings overrides, the scan
+    process's job, the output; a new flag without a destination is refused, not dropped."""
+    import dataclasses
+    import inspect
+
+    from nan_hunter.cli import scan
+    from nan_hunter.config import Settings
+    from nan_hunter.scan_command import JOB_FLAGS, SETTING_FLAGS, Output, ScanCommand
+
+    flags = {
+        name: (["model.py"] if name == "paths" else p.default)
+        for name, p in inspect.signature(scan).parameters.items()
+    }
+    command = ScanCommand.partition(flags)
+    settings_keys = {f.name for f in dataclasses.fields(Settings)}
+    assert set(command.overrides) <= settings_keys
+    assert set(command.job) == set(JOB_FLAGS)
+    places = [set(SETTING_FLAGS), set(JOB_FLAGS), {f.name for f in dataclasses.fields(Output)},
+              {"paths", "config", "timeout", "debug"}]
+    assert sum(len(p) for p in places) == len(set().union(*places)) == len(flags)
+    with pytest.raises(TypeError, match="no destination: colour"):
+        ScanCommand.partition({**flags, "colour": True})

@@ -18,10 +18,7 @@ def test_steps_of_the_scan_process_reach_on_step(
 ) -> None:
     monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
     (work / "model.py").write_text(model(build="import time\ntime.sleep(1)"))
-    job = ScanJob(
-        "model.py", load_settings(), ("build_model", "sample_batch", "loss_fn"), None, None,
-        None, False, False, 1, False, True,
-    )
+    job = ScanJob(path="model.py", settings=load_settings(), rounds=1)
     steps: list[str] = []
     isolated = run_isolated(scan_job, job, on_step=steps.append)
     assert isolated.value.errors == 0
@@ -57,10 +54,7 @@ def test_the_scan_process_imports_no_command_line_libraries(
         "open('seen.txt', 'w').write(','.join(seen) or 'none')\n"
     )
     (work / "model.py").write_text(model(build=build))
-    job = ScanJob(
-        "model.py", load_settings(), ("build_model", "sample_batch", "loss_fn"), None, None,
-        None, False, False, 1, False, True,
-    )
+    job = ScanJob(path="model.py", settings=load_settings(), rounds=1)
     isolated = run_isolated(scan_job, job)
     assert isolated.value.errors == 0
     assert (work / "seen.txt").read_text() == "none"
