@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nan_hunter.batch import LossFn
+from nan_hunter.batch import Batch, LossFn
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
 from nan_hunter.findings import Report
@@ -44,7 +44,8 @@ def scan(
     """Scan ``model`` on ``batch`` under emulated FP16 autocast and return the ``Report``.
 
     ``batch`` is what ``sample_batch()`` returns in a model file: a Tensor (``model(x)``), a tuple
-    or list (positional arguments) or a dict with string keys (keyword arguments). ``loss_fn(output,
+    or list (positional arguments), a dict with string keys (keyword arguments) or a
+    ``nan_hunter.batch.Batch`` (both, as a real call had them). ``loss_fn(output,
     batch)`` returns a scalar tensor; without it the loss is the sum of the means of all
     floating-point tensors in the output (a model that returns its own scalar loss needs none).
 
@@ -83,7 +84,7 @@ def scan(
     source = _source_file(model)
     target = Target(
         model=model,
-        batch=as_batch(batch, source="batch"),
+        batch=batch if isinstance(batch, Batch) else as_batch(batch, source="batch"),
         loss_fn=loss_fn,
         file=source,
         module_name=type(model).__module__,

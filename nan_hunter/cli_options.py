@@ -227,3 +227,37 @@ Timeout = Annotated[
     ),
 ]
 Debug = Annotated[bool, typer.Option("--debug", help="Show the traceback of an internal error.")]
+
+# --- nan-hunter run --------------------------------------------------------------------------
+RunArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="SCRIPT [ARGS]...",
+        help="The training script and its own arguments, as for python (with -m: only the "
+        "arguments, after --).",
+        show_default=False,
+    ),
+]
+RunModule = Annotated[
+    str | None,
+    typer.Option("-m", "--module", help="Run a module as python -m does.", show_default=False),
+]
+OnProblem = Annotated[
+    str,
+    typer.Option(
+        "--on-problem",
+        help="At the first bad step, after the report: stop (exit 1), continue (the update "
+        "skipped) or raise TrainingProblem in the script.",
+    ),
+]
+MaxSteps = Annotated[
+    int | None,
+    typer.Option(
+        "--max-steps", min=1,
+        help="End the script after N optimizer steps (exit 0 when none broke): a CI smoke run.",
+    ),
+]
+RunDtype = Annotated[
+    choices.DType | None,
+    typer.Option(help="Low-precision dtype of the re-run.  [default: the one the step used]"),
+]

@@ -40,7 +40,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.api", "nan_hunter.training", "nan_hunter.watch",
         "nan_hunter.integrations", "nan_hunter.pytest_plugin",
     )),
-    ("command line", ("nan_hunter.cli_options", "nan_hunter.scan_command", "nan_hunter.scan_job")),
+    ("command line", (
+        "nan_hunter.cli_options", "nan_hunter.scan_command", "nan_hunter.scan_job",
+        "nan_hunter.run_job", "nan_hunter.run_command",
+    )),
     ("cli", ("nan_hunter.cli", "nan_hunter.__main__", "nan_hunter")),
 )
 

@@ -1,0 +1,368 @@
+"""``ScriptWatch``: the checks of ``watch``, attached to a script that knows nothing of them.
+
+``nan-hunter run train.py`` installs one of these before the script starts. It sees the
+training loop only through torch's public global hooks and two methods of ``GradScaler``:
+
+- ``register_module_forward_pre_hook``/``register_module_forward_hook``: the outermost call of
+  a module with trainable parameters, while gradients are enabled, is the model call of the
+  step; its inputs are kept by reference and a hook on each floating output keeps the gradient
+  that reaches it (``rerun.CapturedCall``). Calls inside it cost one counter update each.
+- ``Tensor.backward`` (wrapped): the tensor it is called on is the step's loss.
+- ``register_optimizer_step_pre_hook``: without a GradScaler, the step boundary: the loss and
+  the gradients about to be applied are checked there (one host sync); with one, only the loss
+  (GradScaler already checked the gradients).
+- ``GradScaler.step``/``update`` (wrapped): the scale from step to step (``ScaleWatch``).
+
+On a problem the update is not applied (the gradients are set aside while ``optimizer.step``
+runs and put back after it, as GradScaler skips a step), the step's model call is re-run on a
+copy of the model with the weights the step ran with, through the scan engine
+(``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. Everything is
+removed by ``close``. Nothing runs per op.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils.hooks import RemovableHandle
+
+from nan_hunter.config import Settings
+from nan_hunter.errors import NanHunterError, first_line
+from nan_hunter.findings import Report
+from nan_hunter.loader import unwrap_model
+from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
+from nan_hunter.training.replay import replay_copy
+from nan_hunter.training.rerun import CapturedCall, StepPrecision, rerun_call
+from nan_hunter.training.verdict import Problem, Reason, step_verdict
+
+MAX_CALLS = 64
+"""Model calls kept per optimizer step (gradient accumulation); the oldest are dropped."""
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A training step of the script that tripped the check, and the re-run of it."""
+
+    step: int
+    """1-based index of the optimizer step (as trainers count them)."""
+    reason: Reason
+    detail: str
+    report: Report | None
+    """The scan of the step's model call; None when it could not be re-run (``why_not``)."""
+    model: str = ""
+    """The class of the model that was re-run."""
+    why_not: str = ""
+    scale: float | None = None
+
+
+class StopRun(SystemExit):
+    """Ends the script from inside a hook (``--on-problem stop``, ``--max-steps``): a
+    ``SystemExit``, so the script's ``except Exception`` does not swallow it and its
+    ``finally`` blocks run."""
+
+
+class ScriptWatch:
+    """See the module docstring. ``on_problem(event)`` is called once per problem step that is
+    re-run (at most ``max_reports``); ``steps`` counts the optimizer steps checked; after
+    ``max_steps`` of them the script is ended with ``StopRun(0)``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_problem: Callable[[RunEvent], None],
+        *,
+        max_steps: int | None = None,
+        skip_patience: int = 3,
+        scale_floor: float = 1.0,
+        max_reports: int = 1,
+        precision_given: frozenset[str] = frozenset(),
+    ) -> None:
+        self.settings = settings
+        self.on_problem = on_problem
+        self.max_steps = max_steps
+        self.skip_patience = skip_patience
+        self.scale_floor = scale_floor
+        self.max_reports = max_reports
+        self.precision_given = precision_given
+        self.steps = 0
+        """Optimizer steps checked."""
+        self.problems = 0
+        """Steps that tripped the check."""
+        self.events: list[RunEvent] = []
+        self.optimizers_seen = 0
+        self._optimizers: set[int] = set()
+        self._calls: list[CapturedCall] = []
+        self._losses: list[torch.Tensor] = []
+        self._local = threading.local()
+        self._busy = False
+        self._scales: dict[int, ScaleWatch] = {}
+        self._in_scaler: Any = None
+        self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._handles: list[RemovableHandle] = []
+        self._patches: list[SharedPatch] = []
+
+    # ------------------------------------------------------------------ install / remove
+
+    def __enter__(self) -> ScriptWatch:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def install(self) -> None:
+        global _ACTIVE
+        _ACTIVE = self
+        nn_hooks = torch.nn.modules.module
+        self._handles = [
+            nn_hooks.register_module_forward_pre_hook(self._pre_forward),
+            nn_hooks.register_module_forward_hook(
+                self._post_forward, with_kwargs=True, always_call=True
+            ),
+            register_optimizer_step_pre_hook(self._before_update),
+            register_optimizer_step_post_hook(self._after_update),
+        ]
+        self._patches = [_BACKWARD, _SCALER_STEP, _SCALER_UPDATE]
+        for patch in self._patches:
+            patch.acquire()
+
+    def close(self) -> None:
+        global _ACTIVE
+        handles, self._handles = self._handles, []
+        patches, self._patches = self._patches, []
+        try:
+            for handle in handles:
+                handle.remove()
+        finally:
+            for patch in patches:
+                patch.release()
+            if _ACTIVE is self:
+                _ACTIVE = None
+            self._calls, self._losses = [], []
+
+    # ------------------------------------------------------------------ what the hooks see
+
+    def _pre_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth or self._busy or not torch.is_grad_enabled():
+            return
+        if not any(p.requires_grad for p in module.parameters()):
+            return  # a loss module, an activation called on its own
+        self._local.pending = (module, StepPrecision.now(module, args))
+
+    def _post_forward(self, module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        # (kwargs, output); after a forward that raised, torch passes (output=None) only
+        kwargs, output = rest if len(rest) == 2 else ({}, None)
+        depth = getattr(self._local, "depth", 1) - 1
+        self._local.depth = depth
+        pending = getattr(self._local, "pending", None)
+        if depth or pending is None or pending[0] is not module:
+            return
+        self._local.pending = None
+        if output is None:
+            return  # the forward raised (always_call)
+        call = CapturedCall(module, args, dict(kwargs), pending[1])
+        call.watch_outputs(output)
+        if call.outputs:
+            self._calls.append(call)
+            del self._calls[:-MAX_CALLS]
+
+    def saw_backward(self, tensor: torch.Tensor) -> None:
+        if not self._busy and tensor.numel() == 1:
+            self._losses.append(tensor)
+            del self._losses[:-MAX_CALLS]
+
+    # ------------------------------------------------------------------ step boundaries
+
+    def _params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _loss_flags(self) -> list[torch.Tensor]:
+        return [torch.isfinite(loss.detach()).all() for loss in self._losses]
+
+    def _before_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._busy:
+            return
+        if id(optimizer) not in self._optimizers:
+            self._optimizers.add(id(optimizer))
+            self.optimizers_seen += 1
+        scaler = self._in_scaler
+        flags = self._loss_flags()
+        grad_flag = None if scaler is not None else grads_finite_flag(self._params(optimizer))
+        if grad_flag is not None:
+            flags.append(grad_flag.to(flags[0].device) if flags else grad_flag)
+        if not flags:
+            return
+        values = [bool(v) for v in torch.stack([f.to(flags[0].device) for f in flags]).tolist()]
+        losses_ok = all(values[: len(self._losses)])
+        grads_ok = values[-1] if grad_flag is not None else True
+        scale = float(scaler.get_scale()) if scaler is not None and not losses_ok else None
+        problem = step_verdict(
+            loss=self._first_bad_loss(), loss_ok=losses_ok, grads_ok=grads_ok,
+            scaled=scaler is not None, scale_problem=None,
+            bad_grads=lambda: _bad_grads(optimizer),
+        )
+        if problem is not None:
+            self._losses = []  # checked: the GradScaler's update does not count them again
+            self._problem(problem, optimizer, scale)
+            self._set_grads_aside(optimizer)  # --on-problem continue: this update is skipped
+
+    def _after_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._busy:
+            return
+        self._restore_grads()
+        if self._in_scaler is None:  # with a GradScaler its update() ends the step
+            self._step_done()
+
+    def scaler_step(self, scaler: Any, optimizer: Any) -> None:
+        """GradScaler.step is about to run: the optimizer pre-hook is inside it."""
+        key = id(scaler)
+        if key not in self._scales:
+            self._scales[key] = ScaleWatch.start(scaler, self.skip_patience, self.scale_floor)
+        self._in_scaler = scaler
+        self._scaler_optimizer = optimizer
+
+    def scaler_step_done(self) -> None:
+        self._in_scaler = None
+
+    def scaler_updated(self, scaler: Any) -> None:
+        if self._busy:
+            return
+        watch = self._scales.get(id(scaler))
+        if watch is None:  # update() without step(): nothing to check
+            return
+        used, skipped, scale_problem = watch.observe(float(scaler.get_scale()))
+        losses_ok = True
+        if skipped and self._losses:  # the optimizer pre-hook did not run: check the loss here
+            flags = self._loss_flags()
+            losses_ok = bool(torch.stack(flags).all())
+        problem = step_verdict(
+            loss=self._first_bad_loss(), loss_ok=losses_ok, grads_ok=True, scaled=True,
+            scale_problem=scale_problem, bad_grads=lambda: "",
+        )
+        if problem is not None:
+            self._problem(problem, getattr(self, "_scaler_optimizer", None), used)
+        self._step_done()
+
+    def _first_bad_loss(self) -> torch.Tensor | None:
+        for loss in self._losses:
+            if not bool(torch.isfinite(loss.detach()).all()):
+                return loss
+        return self._losses[-1] if self._losses else None
+
+    def _step_done(self) -> None:
+        self.steps += 1
+        self._calls, self._losses = [], []
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise StopRun(0)
+
+    # ------------------------------------------------------------------ a problem step
+
+    def _set_grads_aside(self, optimizer: torch.optim.Optimizer) -> None:
+        for p in self._params(optimizer):
+            self._set_aside.append((p, p.grad))
+            p.grad = None
+
+    def _restore_grads(self) -> None:
+        aside, self._set_aside = self._set_aside, []
+        for p, grad in aside:
+            p.grad = grad
+
+    def _problem(self, problem: Problem, optimizer: Any, scale: float | None) -> None:
+        self.problems += 1
+        if len(self.events) >= self.max_reports:
+            return
+        step = self.steps + 1
+        call = self._pick_call(optimizer)
+        report, why_not, model = None, "", ""
+        if call is None:
+            why_not = "no call of a model with trainable parameters was seen in this step"
+        else:
+            module, _ = unwrap_model(call.module)
+            model = type(module).__name__
+            self._busy = True
+            try:
+                report = rerun_call(
+                    call, replay_copy(module), self.settings, scale=scale,
+                    precision_given=self.precision_given,
+                )
+            except NanHunterError as exc:
+                why_not = f"the re-run failed: {first_line(exc)}"
+            except Exception as exc:  # a model that cannot be copied, or an error of ours
+                why_not = f"the re-run failed: {type(exc).__name__}: {first_line(exc)}"
+            finally:
+                self._busy = False
+        event = RunEvent(step, problem.reason, problem.detail, report, model, why_not, scale)
+        if report is not None:  # a failed re-run does not use up max_reports
+            self.events.append(event)
+        self.on_problem(event)
+
+    def _pick_call(self, optimizer: Any) -> CapturedCall | None:
+        """The step's model call: of a module whose parameters the optimizer updates, the
+        first whose output gradient is not finite, else the last."""
+        calls = self._calls
+        if optimizer is not None:
+            mine = {id(p) for p in self._params(optimizer)}
+            calls = [c for c in calls if any(id(p) in mine for p in c.module.parameters())]
+        if not calls:
+            return None
+        return next((c for c in calls if not c.grads_finite()), calls[-1])
+
+
+def _bad_grads(optimizer: torch.optim.Optimizer) -> str:
+    names = {id(p): f"param_groups[{g}][{i}]" for g, group in enumerate(optimizer.param_groups)
+             for i, p in enumerate(group["params"])}
+    bad = [names[id(p)] for group in optimizer.param_groups for p in group["params"]
+           if p.grad is not None and not bool(finite_flag([p.grad]))]
+    return f" ({len(bad)} of the optimizer's parameters)" if bad else ""
+
+
+_ACTIVE: ScriptWatch | None = None
+
+
+def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if _ACTIVE is not None:
+            _ACTIVE.saw_backward(self)
+        return original(self, *args, **kwargs)
+
+    return backward
+
+
+def _wrap_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        active = _ACTIVE
+        if active is None or not self.is_enabled():
+            return original(self, optimizer, *args, **kwargs)
+        active.scaler_step(self, optimizer)
+        try:
+            return original(self, optimizer, *args, **kwargs)
+        finally:
+            active.scaler_step_done()
+
+    return step
+
+
+def _wrap_scaler_update(original: Callable[..., Any]) -> Callable[..., Any]:
+    def update(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        if _ACTIVE is not None and self.is_enabled():
+            _ACTIVE.scaler_updated(self)
+        return result
+
+    return update
+
+
+_BACKWARD = SharedPatch(torch.Tensor, "backward", _wrap_backward)
+_SCALER_STEP = SharedPatch(torch.amp.GradScaler, "step", _wrap_scaler_step)
+_SCALER_UPDATE = SharedPatch(torch.amp.GradScaler, "update", _wrap_scaler_update)
