@@ -205,3 +205,27 @@ def test_the_command_line_process_does_not_import_torch() -> None:
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert done.stdout.split() == ["0", "False"], done.stderr
+
+
+def test_the_sparse_coding_example_is_named_with_a_verified_patch(tmp_path: Path) -> None:
+    """``examples/train_sparse_coding.py`` scans clean; only epoch 7's first step breaks."""
+    example = ROOT / "examples" / "train_sparse_coding.py"
+    line = example.read_text().splitlines().index(
+        "        codes = torch.matmul(dtd_inv, z)") + 1
+    report, patch = tmp_path / "report.json", tmp_path / "fix.patch"
+    code, out, err = invoke(
+        "--format", "json", "-o", str(report), "--patch", str(patch),
+        "examples/train_sparse_coding.py",
+    )
+    assert code == 1
+    assert out.splitlines()[-1].startswith("epoch 6: ")
+    assert ours(err)[0] == (
+        "nan-hunter: training step 49: the loss is nan; NH101 torch.matmul in "
+        f"SparseCodingEncoder at examples/train_sparse_coding.py:{line} (report {report})"
+    )
+    first = json.loads(report.read_text())["findings"][0]
+    assert (first["code"], first["op"], first["location"]["line"]) == (
+        "NH101", "torch.matmul", line
+    )
+    assert first["fix"]["verified"] is True and first["fix"]["applicability"] == "safe"
+    assert "+            codes = torch.matmul(dtd_inv, z)" in patch.read_text()

@@ -45,3 +45,8 @@ def test_a_captured_call_keeps_the_gradient_that_reached_each_output() -> None:
     torch.testing.assert_close(call.grads[0], torch.full((5, 2), 5.0))  # 2 + 3 via tripled
     torch.testing.assert_close(call.grads[2], torch.ones(5, 2))
     assert call.precision == StepPrecision("cpu", False, None, torch.float32)
+
+
+def test_a_gradient_that_is_nan_everywhere_is_not_usable() -> None:
+    assert not OutputGradientLoss({0: torch.full((3,), float("nan"))}, scale=2.0).usable
+    assert OutputGradientLoss({0: torch.tensor([float("nan"), 1.0])}, scale=2.0).usable

@@ -5,7 +5,8 @@ real inputs, by reference), the precision it ran under (autocast on or off, its 
 parameters' dtype) and, once the backward has run, the gradient that arrived at each of its
 floating outputs. The re-run calls a copy of the model with the very same inputs and drives the
 traced backward with those gradients: its loss is ``sum(output_i * grad_i)``, whose gradient
-with respect to each output is the real one, so no loss function is guessed.
+with respect to each output is the real one, so no loss function is guessed (when the real
+gradient is not finite anywhere, as after a NaN loss, the scan's default loss is used).
 
     call = CapturedCall(model, args, kwargs, StepPrecision.now(model, args))
     call.watch_outputs(output)                         # in the forward hook
@@ -117,6 +118,11 @@ class OutputGradientLoss:
             for i, g in grads.items()
         }
 
+    @property
+    def usable(self) -> bool:
+        """Some kept gradient has a finite nonzero entry (not so when the loss was NaN)."""
+        return any(bool(g.abs().sum() > 0) for g in self.grads.values())
+
     def __call__(self, output: Any, batch: Any) -> torch.Tensor:
         flat = list(leaves(output))
         used = {i: flat[i] for i in self.grads if i < len(flat)
@@ -174,5 +180,5 @@ def rerun_call(
         changes["grad_scale"] = None
     settings = dataclasses.replace(settings, **changes)
     batch = Batch(args=call.args, kwargs=call.kwargs, raw=(call.args, call.kwargs))
-    loss_fn = OutputGradientLoss(call.grads, scale) if call.grads else None
-    return scan(replay, batch, loss_fn, settings=settings)
+    loss_fn = OutputGradientLoss(call.grads, scale)
+    return scan(replay, batch, loss_fn if loss_fn.usable else None, settings=settings)
