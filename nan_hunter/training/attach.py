@@ -41,7 +41,7 @@ from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
 from nan_hunter.training.replay import replay_copy
-from nan_hunter.training.rerun import CapturedCall, StepPrecision, rerun_call
+from nan_hunter.training.rerun import CapturedCall, StepPrecision, pick_call, rerun_call
 from nan_hunter.training.verdict import Problem, Reason, step_verdict
 
 MAX_CALLS = 64
@@ -309,14 +309,12 @@ class ScriptWatch:
 
     def _pick_call(self, optimizer: Any) -> CapturedCall | None:
         """The step's model call: of a module whose parameters the optimizer updates, the
-        first whose output gradient is not finite, else the last."""
+        first whose output or output gradient is not finite, else the last."""
         calls = self._calls
         if optimizer is not None:
             mine = {id(p) for p in self._params(optimizer)}
             calls = [c for c in calls if any(id(p) in mine for p in c.module.parameters())]
-        if not calls:
-            return None
-        return next((c for c in calls if not c.grads_finite()), calls[-1])
+        return pick_call(calls)
 
 
 def _bad_grads(optimizer: torch.optim.Optimizer) -> str:

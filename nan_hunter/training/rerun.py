@@ -76,6 +76,8 @@ class CapturedCall:
     """Output leaf index (``_nest.leaves`` order) -> the gradient that reached that output."""
     outputs: int = 0
     """Floating outputs that require a gradient (each got a hook)."""
+    values: list[torch.Tensor] = field(default_factory=list)
+    """Those outputs, detached (kept until the step ends, to tell which call broke)."""
 
     def watch_outputs(self, output: Any) -> None:
         """A hook on each floating output that requires a gradient, keeping that gradient."""
@@ -84,11 +86,12 @@ class CapturedCall:
                 leaf.is_floating_point()
             ):
                 leaf.register_hook(_Keep(self.grads, index))
+                self.values.append(leaf.detach())
                 self.outputs += 1
 
-    def grads_finite(self) -> bool:
-        """All kept output gradients finite (a host sync: called on a problem only)."""
-        return all(bool(torch.isfinite(g).all()) for g in self.grads.values())
+    def finite(self) -> bool:
+        """All outputs and kept output gradients finite (host syncs: on a problem only)."""
+        return all(bool(torch.isfinite(t).all()) for t in [*self.values, *self.grads.values()])
 
 
 class _Keep:
@@ -158,6 +161,33 @@ def _reaches(start: Any, target: Any) -> bool:
     return False
 
 
+def pick_call(calls: list[CapturedCall]) -> CapturedCall | None:
+    """The step's call to re-run: the first whose output or output gradient is not finite, else
+    the last (host syncs: called on a problem only)."""
+    if not calls:
+        return None
+    return next((c for c in calls if not c.finite()), calls[-1])
+
+
+PRECISION_KEYS = ("dtype", "mode", "device")
+
+
+def precision_settings(
+    settings: Settings, precision: StepPrecision, given: frozenset[str] | None = None
+) -> Settings:
+    """``settings`` in the precision a call ran under; a key in ``given`` (None: those set
+    explicitly in ``settings``) is kept as it is."""
+    from nan_hunter.options import explicitly_set
+
+    changes = {
+        k: v for k, v in precision.options().items()
+        if (k not in given if given is not None else not explicitly_set(settings, k))
+    }
+    if changes.get("mode") == "half" and not explicitly_set(settings, "grad_scale"):
+        changes["grad_scale"] = None  # GradScaler does not unscale FP16 gradients
+    return dataclasses.replace(settings, **changes)
+
+
 def rerun_call(
     call: CapturedCall,
     replay: torch.nn.Module,
@@ -172,13 +202,10 @@ def rerun_call(
     gradients (the scan's own default loss when none was kept), at the step's loss scale."""
     from nan_hunter.api import scan
 
-    changes: dict[str, Any] = {
-        k: v for k, v in call.precision.options().items() if k not in precision_given
-    }
-    changes["grad_scale"] = scale
-    if changes.get("mode") == "half":
-        changes["grad_scale"] = None
-    settings = dataclasses.replace(settings, **changes)
+    settings = dataclasses.replace(settings, grad_scale=scale)
+    settings = precision_settings(settings, call.precision, precision_given)
+    if settings.mode == "half":
+        settings = dataclasses.replace(settings, grad_scale=None)
     batch = Batch(args=call.args, kwargs=call.kwargs, raw=(call.args, call.kwargs))
     loss_fn = OutputGradientLoss(call.grads, scale)
     return scan(replay, batch, loss_fn if loss_fn.usable else None, settings=settings)
