@@ -229,3 +229,16 @@ def test_the_sparse_coding_example_is_named_with_a_verified_patch(tmp_path: Path
     )
     assert first["fix"]["verified"] is True and first["fix"]["applicability"] == "safe"
     assert "+            codes = torch.matmul(dtd_inv, z)" in patch.read_text()
+
+
+def test_an_fp32_runs_nan_is_analysed_in_fp32_as_a_real_bug() -> None:
+    """Before, the FP32 step was re-run in FP16: NH102 at the projection (whose outputs only
+    overflow FP16), "a precision problem", and the ``log(0)`` merely propagated."""
+    script = SCRIPTS / "fp32_log_zero.py"
+    code, _, err = invoke("--no-verify", "tests/run_scripts/fp32_log_zero.py")
+    assert code == 1
+    assert "nan-hunter tests/run_scripts/fp32_log_zero.py: float32 on cpu" in err
+    assert ours(err)[0] == (
+        "nan-hunter: training step 3: the loss is inf; NH301 torch.log in LogFeatures at "
+        f"tests/run_scripts/fp32_log_zero.py:{marker_line(script, '# culprit')} (report on stderr)"
+    )

@@ -138,3 +138,20 @@ def test_a_problem_is_logged_as_a_warning_in_a_single_process(
     assert record.getMessage() == (
         "nan-hunter: training step 0: non_finite_loss; the re-run of the step is clean"
     )
+
+
+def test_the_rerun_takes_the_autocast_dtype_the_step_ran_under() -> None:
+    """A BF16 autocast loop was re-run as FP16 (the configured default)."""
+    torch.manual_seed(0)
+    model = PairModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, optimizer) as w:
+        x = torch.randn(8, 4)
+        x[0, 0] = float("nan")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().mean()
+        loss.backward()
+        optimizer.step()
+        event = w.step(x, loss)
+    assert event is not None and event.report is not None
+    assert (event.report.target.mode, event.report.target.dtype) == ("autocast", "bfloat16")

@@ -53,14 +53,17 @@ class StepPrecision:
             param_dtype=first.dtype if first is not None and first.is_floating_point() else None,
         )
 
-    def options(self) -> dict[str, Any]:
-        """The scan settings that model this precision (empty: the configured defaults)."""
+    def options(self, fp32: bool = True) -> dict[str, Any]:
+        """The scan settings that model this precision; an FP32 step as FP32 with ``fp32``,
+        else with the configured dtype (an FP32 run standing in for an FP16 one)."""
         if self.autocast and self.autocast_dtype in (torch.float16, torch.bfloat16):
             name = "float16" if self.autocast_dtype == torch.float16 else "bfloat16"
             return {"dtype": name, "mode": "autocast", "device": self.device}
         if self.param_dtype in (torch.float16, torch.bfloat16):
             name = "float16" if self.param_dtype == torch.float16 else "bfloat16"
             return {"dtype": name, "mode": "half", "device": self.device}
+        if fp32 and self.param_dtype == torch.float32:  # its NaN is analysed in FP32
+            return {"dtype": "float32", "mode": "half", "device": self.device}
         return {"device": self.device}
 
 
@@ -173,14 +176,18 @@ PRECISION_KEYS = ("dtype", "mode", "device")
 
 
 def precision_settings(
-    settings: Settings, precision: StepPrecision, given: frozenset[str] | None = None
+    settings: Settings,
+    precision: StepPrecision,
+    given: frozenset[str] | None = None,
+    *,
+    fp32: bool = True,
 ) -> Settings:
-    """``settings`` in the precision a call ran under; a key in ``given`` (None: those set
-    explicitly in ``settings``) is kept as it is."""
+    """``settings`` in the precision a call ran under (an FP32 call as FP32 with ``fp32``); a
+    key in ``given`` (None: those set explicitly in ``settings``) is kept as it is."""
     from nan_hunter.options import explicitly_set
 
     changes = {
-        k: v for k, v in precision.options().items()
+        k: v for k, v in precision.options(fp32).items()
         if (k not in given if given is not None else not explicitly_set(settings, k))
     }
     if changes.get("mode") == "half" and not explicitly_set(settings, "grad_scale"):

@@ -545,7 +545,8 @@ class Watcher:
         """The scan models the loss scale the step ran with: the GradScaler's current scale,
         or no scaling without one, unless ``grad_scale`` was set explicitly. With the model's
         real call of this step (``with watch``), the re-run takes its inputs from that call, its
-        precision from how the call ran (unless ``dtype``/``mode`` were set), and, without a
+        precision from how the call ran when it ran in FP16/BF16 (unless ``dtype``/``mode`` were
+        set), and, without a
         ``loss_fn``, its backward from the real gradient at the model's outputs."""
         from nan_hunter.api import scan
 
@@ -555,7 +556,9 @@ class Watcher:
         call = pick_call(self._calls)
         if call is None:
             return scan(replay, batch, self.loss_fn, settings=settings)
-        settings = precision_settings(settings, call.precision)
+        # an FP32 step keeps the configured dtype: a watched FP32 run (a CPU run, a callback's)
+        # stands in for the FP16 one it predicts; `nan-hunter run` analyses it in FP32
+        settings = precision_settings(settings, call.precision, fp32=False)
         loss_fn = self.loss_fn
         if loss_fn is None:
             real = OutputGradientLoss(call.grads, scale)
