@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from nan_hunter.config import Settings
     from nan_hunter.training.attach import RunEvent, ScriptWatch
+    from nan_hunter.training.clipping import WatchWarning
 
 EXIT_PROBLEM = 1
 ON_PROBLEM_CHOICES = ("stop", "continue", "raise")
@@ -98,7 +99,7 @@ def run(job: RunJob, args: list[str]) -> int:
     state = _State(job)
     watch = ScriptWatch(
         job.settings, state.on_problem, max_steps=job.max_steps,
-        precision_given=job.precision_given,
+        precision_given=job.precision_given, on_warning=state.on_warning,
     )
     state.watch = watch
     code: int
@@ -196,6 +197,13 @@ class _State:
     def say(self, line: str) -> None:
         sys.stdout.flush()
         print(f"nan-hunter: {line}", file=sys.stderr, flush=True)
+
+    def on_warning(self, warning: WatchWarning) -> None:
+        message = warning.message
+        if warning.where:
+            message = message.replace(warning.where, _shown_where(warning.where))
+        self.say(f"warning: training step {warning.step}: {message}; fix: "
+                 + "; ".join(warning.fix.splitlines()))
 
     def on_problem(self, event: RunEvent) -> None:
         from nan_hunter.training.events import TrainingProblem, WatchEvent
@@ -308,3 +316,8 @@ def _shown_path(file: str) -> str:
         return os.path.relpath(file) if Path(file).resolve().is_relative_to(Path.cwd()) else file
     except (OSError, ValueError):
         return file
+
+
+def _shown_where(where: str) -> str:
+    file, _, line = where.rpartition(":")
+    return f"{_shown_path(file)}:{line}" if file else where

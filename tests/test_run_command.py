@@ -242,3 +242,16 @@ def test_an_fp32_runs_nan_is_analysed_in_fp32_as_a_real_bug() -> None:
         "nan-hunter: training step 3: the loss is inf; NH301 torch.log in LogFeatures at "
         f"tests/run_scripts/fp32_log_zero.py:{marker_line(script, '# culprit')} (report on stderr)"
     )
+
+
+def test_clipping_scaled_gradients_is_one_warning_naming_the_scripts_line() -> None:
+    line = marker_line(PAIRS, "# clips scaled gradients")
+    code, _, err = invoke(PAIRS_REL, "--clip", "--steps", "3")
+    assert code == 0
+    assert ours(err) == [
+        f"nan-hunter: warning: training step 2: clip_grad_norm_ was called at {PAIRS_REL}:{line} "
+        "on scaled gradients (before scaler.unscale_(optimizer)): its threshold applies to "
+        "gradients multiplied by the loss scale (32768); fix: scaler.unscale_(optimizer); "
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+        "nan-hunter: 3 optimizer steps checked, no problem; the script exited with code 0",
+    ]

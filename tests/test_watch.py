@@ -598,7 +598,8 @@ def test_clipping_scaled_gradients_is_caught_once_with_the_fix() -> None:
     w = _clipped_loop(unscale_first=False)
     (warning,) = w.warnings
     assert (warning.code, warning.step) == ("clip_before_unscale", 0)
-    assert "clip_grad_norm_ was called on scaled gradients" in warning.message
+    assert "clip_grad_norm_ was called at " in warning.message
+    assert "on scaled gradients" in warning.message
     assert "loss scale (65536)" in warning.message
     assert warning.fix.splitlines() == [
         "scaler.unscale_(optimizer)",
@@ -673,7 +674,7 @@ def test_both_clipping_functions_are_watched(clip: str) -> None:
         scaler.update()
         w.step(x, loss)
     (warning,) = w.warnings
-    assert f"{clip} was called on scaled gradients" in warning.message
+    assert f"{clip} was called at {__file__}:" in warning.message
 
 
 def test_output_writes_the_json_report(tmp_path: Any) -> None:

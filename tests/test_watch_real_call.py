@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import clip_grad_norm_, clip_grad_value_  # bound before any watch starts
 
 from nan_hunter import watch
 from nan_hunter.training.rerun import OutputGradientLoss
@@ -155,3 +157,29 @@ def test_the_rerun_takes_the_autocast_dtype_the_step_ran_under() -> None:
         event = w.step(x, loss)
     assert event is not None and event.report is not None
     assert (event.report.target.mode, event.report.target.dtype) == ("autocast", "bfloat16")
+
+
+@pytest.mark.parametrize("clip", [clip_grad_norm_, clip_grad_value_], ids=lambda f: f.__name__)
+def test_clipping_before_unscale_is_caught_whatever_the_import_and_names_the_line(
+    clip: Any,
+) -> None:
+    """Before, only ``torch.nn.utils.clip_grad_norm_`` looked up at call time was caught: a
+    script that imported the function by name before the watch started was not."""
+    torch.manual_seed(0)
+    model = PairModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randn(8, 4)
+    with watch(model, optimizer, scaler) as w:
+        loss = model(x).pow(2).mean()
+        scaler.scale(loss).backward()
+        clip(model.parameters(), 1.0)
+        line = sys._getframe().f_lineno - 1
+        scaler.step(optimizer)
+        scaler.update()
+        w.step(x, loss)
+    (warning,) = w.warnings
+    assert warning.where == f"{__file__}:{line}"
+    assert f"{clip.__name__} was called at {__file__}:{line} on scaled gradients" in (
+        warning.message
+    )

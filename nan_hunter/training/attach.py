@@ -11,7 +11,9 @@ training loop only through torch's public global hooks and two methods of ``Grad
 - ``register_optimizer_step_pre_hook``: without a GradScaler, the step boundary: the loss and
   the gradients about to be applied are checked there (one host sync); with one, only the loss
   (GradScaler already checked the gradients).
-- ``GradScaler.step``/``update`` (wrapped): the scale from step to step (``ScaleWatch``).
+- ``GradScaler.step``/``update`` (wrapped): the scale from step to step (``ScaleWatch``); from
+  the first ``scaler.step(optimizer)`` on, clipping that optimizer's still-scaled gradients
+  (``clip_grad_norm_`` before ``scaler.unscale_``, imported by any name) is one warning.
 
 On a problem the update is not applied (the gradients are set aside while ``optimizer.step``
 runs and put back after it, as GradScaler skips a step), the step's model call is re-run on a
@@ -40,6 +42,7 @@ from nan_hunter.findings import Report
 from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
+from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
 from nan_hunter.training.replay import replay_copy
 from nan_hunter.training.rerun import CapturedCall, StepPrecision, pick_call, rerun_call
 from nan_hunter.training.verdict import Problem, Reason, step_verdict
@@ -85,8 +88,12 @@ class ScriptWatch:
         scale_floor: float = 1.0,
         max_reports: int = 1,
         precision_given: frozenset[str] = frozenset(),
+        on_warning: Callable[[WatchWarning], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.on_warning = on_warning
+        self.warnings: list[WatchWarning] = []
+        self._guards: dict[int, ClipGuard] = {}
         self.on_problem = on_problem
         self.max_steps = max_steps
         self.skip_patience = skip_patience
@@ -139,10 +146,13 @@ class ScriptWatch:
         global _ACTIVE
         handles, self._handles = self._handles, []
         patches, self._patches = self._patches, []
+        guards, self._guards = self._guards, {}
         try:
             for handle in handles:
                 handle.remove()
         finally:
+            for guard in guards.values():
+                guard.remove()
             for patch in patches:
                 patch.release()
             if _ACTIVE is self:
@@ -229,8 +239,32 @@ class ScriptWatch:
         key = id(scaler)
         if key not in self._scales:
             self._scales[key] = ScaleWatch.start(scaler, self.skip_patience, self.scale_floor)
+        if id(optimizer) not in self._guards and hasattr(optimizer, "param_groups"):
+            guard = ClipGuard(
+                self._params(optimizer), lambda: gradients_scaled(scaler, optimizer),
+                lambda name, where: self._clipped_scaled(name, where, scaler),
+            )
+            guard.install()
+            self._guards[id(optimizer)] = guard
         self._in_scaler = scaler
         self._scaler_optimizer = optimizer
+
+    def _clipped_scaled(self, name: str, where: str, scaler: Any) -> None:
+        if self.warnings:
+            return  # reported once
+        at = f" at {where}" if where else ""
+        warning = WatchWarning(
+            code="clip_before_unscale", step=self.steps + 1, where=where,
+            message=(
+                f"{name} was called{at} on scaled gradients (before scaler.unscale_(optimizer)):"
+                f" its threshold applies to gradients multiplied by the loss scale "
+                f"({float(scaler.get_scale()):g})"
+            ),
+            fix=FIX,
+        )
+        self.warnings.append(warning)
+        if self.on_warning is not None:
+            self.on_warning(warning)
 
     def scaler_step_done(self) -> None:
         self._in_scaler = None

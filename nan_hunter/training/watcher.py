@@ -262,14 +262,16 @@ class Watcher:
             if clip is not None:
                 clip.remove()
 
-    def _clipped_scaled(self, name: str) -> None:
+    def _clipped_scaled(self, name: str, where: str = "") -> None:
         if any(w.code == "clip_before_unscale" for w in self.warnings):
             return  # reported once
+        at = f" at {where}" if where else ""
         warning = WatchWarning(
             code="clip_before_unscale",
             step=self.steps,
+            where=where,
             message=(
-                f"torch.nn.utils.{name} was called on scaled gradients (before "
+                f"torch.nn.utils.{name} was called{at} on scaled gradients (before "
                 "scaler.unscale_(optimizer)): the threshold applies to gradients multiplied by "
                 f"the loss scale ({float(self.scaler.get_scale()):g}), so it clips far too much "
                 "and differently as the scale moves"

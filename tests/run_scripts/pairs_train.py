@@ -5,7 +5,8 @@ rate grows the weights, and with them the scores, until the ``q @ k^T`` matmul p
 step 12 under FP16 autocast (CPU). Flags change the loop: ``--steps N``, ``--no-scaler``,
 ``--fp32`` (no autocast), ``--nan-at K`` (a NaN in the batch of step K), ``--fail-at K`` (the
 forward raises at step K), ``--exit CODE`` (``sys.exit(CODE)`` at the end), ``--kwargs`` (the
-model called with keyword arguments), ``--catch`` (the loop catches ``Exception`` and prints it).
+model called with keyword arguments), ``--catch`` (the loop catches ``Exception`` and prints it),
+``--clip`` (clips before ``scaler.unscale_``, with ``clip_grad_norm_`` imported by name).
 """
 
 import argparse
@@ -13,6 +14,7 @@ import sys
 
 import torch
 from torch import nn
+from torch.nn.utils import clip_grad_norm_
 
 
 class PairScorer(nn.Module):
@@ -56,6 +58,8 @@ def train(model: nn.Module, args: argparse.Namespace) -> None:
             scores = scores.float()
             loss = 1e-5 * scores.pow(2).mean() - scores.diagonal().mean()
         scaler.scale(loss).backward()
+        if args.clip:
+            clip_grad_norm_(model.parameters(), 1.0)  # clips scaled gradients
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad()
@@ -71,6 +75,7 @@ def main() -> int:
     parser.add_argument("--exit", type=int, default=0)
     parser.add_argument("--kwargs", action="store_true")
     parser.add_argument("--catch", action="store_true")
+    parser.add_argument("--clip", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = PairModel()
