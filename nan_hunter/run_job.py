@@ -196,7 +196,7 @@ class _State:
 
     def say(self, line: str) -> None:
         sys.stdout.flush()
-        print(f"nan-hunter: {line}", file=sys.stderr, flush=True)
+        print(f"nan-hunter: {_rank()}{line}", file=sys.stderr, flush=True)
 
     def on_warning(self, warning: WatchWarning) -> None:
         message = warning.message
@@ -301,9 +301,15 @@ def problem_line(event: RunEvent, where: str) -> str:
     report = event.report
     if report is None:
         return line + f"; not re-run: {event.why_not}"
-    first = report.active[0] if report.active else None
+    errors = [f for f in report.active if f.severity.value == "error"]
+    first = errors[0] if errors else None
     if first is None:
-        return line + f"; the re-run of {event.model} is clean (report {where})"
+        found = f"{len(report.active)} warning{'s' * (len(report.active) != 1)}" if (
+            report.active) else "nothing"
+        return line + (
+            f"; the re-run of {event.model} finds no error ({found}): the non-finite values "
+            f"came from outside its forward (another rank's gradients, the loss) (report {where})"
+        )
     at = f" at {_shown_path(first.location.file)}:{first.location.line}" if first.location else ""
     module = f" in {event.model}" + (f".{first.module}" if first.module not in ("", "(root)")
                                      else "")
@@ -321,3 +327,12 @@ def _shown_path(file: str) -> str:
 def _shown_where(where: str) -> str:
     file, _, line = where.rpartition(":")
     return f"{_shown_path(file)}:{line}" if file else where
+
+
+def _rank() -> str:
+    """``rank N: `` under torchrun (its environment), else nothing."""
+    try:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        several = False
+    return f"rank {os.environ.get('RANK', '?')}: " if several else ""

@@ -200,12 +200,26 @@ class ScriptWatch:
     def _loss_flags(self) -> list[torch.Tensor]:
         return [torch.isfinite(loss.detach()).all() for loss in self._losses]
 
-    def _before_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _before_update(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self._busy:
-            return
+            return None
         if id(optimizer) not in self._optimizers:
             self._optimizers.add(id(optimizer))
             self.optimizers_seen += 1
+        # optimizer.step(closure) (Lightning, LBFGS): the forward and backward run inside the
+        # step, after this hook: check after the closure, before the update
+        if callable(kwargs.get("closure")):
+            kwargs = {**kwargs, "closure": _CheckedClosure(self, optimizer, kwargs["closure"])}
+            return args, kwargs
+        if args and callable(args[0]):
+            return (_CheckedClosure(self, optimizer, args[0]), *args[1:]), kwargs
+        self.check(optimizer)
+        return None
+
+    def check(self, optimizer: torch.optim.Optimizer) -> None:
+        """The step check, between the backward and the update."""
         scaler = self._in_scaler
         flags = self._loss_flags()
         grad_flag = None if scaler is not None else grads_finite_flag(self._params(optimizer))
@@ -349,6 +363,18 @@ class ScriptWatch:
             mine = {id(p) for p in self._params(optimizer)}
             calls = [c for c in calls if any(id(p) in mine for p in c.module.parameters())]
         return pick_call(calls)
+
+
+class _CheckedClosure:
+    """An optimizer's closure that, once it has run (forward and backward), checks the step."""
+
+    def __init__(self, watch: ScriptWatch, optimizer: Any, closure: Callable[..., Any]) -> None:
+        self.watch, self.optimizer, self.closure = watch, optimizer, closure
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.closure(*args, **kwargs)
+        self.watch.check(self.optimizer)
+        return result
 
 
 def _bad_grads(optimizer: torch.optim.Optimizer) -> str:
