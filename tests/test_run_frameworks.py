@@ -76,8 +76,33 @@ def test_torchrun_ddp_two_gloo_ranks_stop_at_the_same_step() -> None:
         "nan-hunter: rank 1: training step 4: the loss is inf; NH102 Tensor.__matmul__ in "
         f"PairScorer at {culprit('ddp_train.py')} (report on stderr)"
     ) in lines
-    assert any(line.startswith(
+    # DDP's all-reduce made rank 0's gradients NaN too; the ranks agree that rank 1, whose own
+    # loss broke, re-runs its step
+    assert (
         "nan-hunter: rank 0: training step 4: non-finite gradient (4 of the optimizer's "
-        "parameters); the re-run of PairScorer finds no error"
-    ) for line in lines), lines
+        "parameters); not re-run: another rank re-runs its step"
+    ) in lines
     assert "trained" not in done.stdout
+
+
+def test_torchrun_ranks_agree_so_a_problem_on_one_rank_stops_all() -> None:
+    """No DDP: only rank 1 sees its NaN; the script's own all-reduce after each step would
+    leave rank 0 waiting for a peer that stopped (before: rank 0 died of "Connection closed by
+    peer", with NCCL it would hang). The ranks now agree at each step: both stop at step 3."""
+    done = run([
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", "29533", "-m", "nan_hunter", "run", "--no-verify",
+        "tests/run_scripts/ranks_train.py",
+    ])
+    assert done.returncode == 1
+    assert "Connection closed" not in done.stderr
+    assert sorted(ours(done.stderr)) == [
+        "nan-hunter: rank 0: 2 optimizer steps checked, 1 problem step (the first at step 3); "
+        "the script was stopped (--on-problem stop)",
+        "nan-hunter: rank 0: training step 3: rank 1 saw a problem at this step; not re-run: "
+        "another rank re-runs its step",
+        "nan-hunter: rank 1: 2 optimizer steps checked, 1 problem step (the first at step 3); "
+        "the script was stopped (--on-problem stop)",
+        "nan-hunter: rank 1: training step 3: the loss is nan; NH001 input in Sequential "
+        "(report on stderr)",
+    ]

@@ -43,6 +43,7 @@ from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
+from nan_hunter.training.distributed import OK, OWN, SEEN, agree, current_ranks, scanning_ranks
 from nan_hunter.training.replay import replay_copy
 from nan_hunter.training.rerun import CapturedCall, StepPrecision, pick_call, rerun_call
 from nan_hunter.training.verdict import Problem, Reason, step_verdict
@@ -114,6 +115,7 @@ class ScriptWatch:
         self._scales: dict[int, ScaleWatch] = {}
         self._in_scaler: Any = None
         self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._pending: tuple[Problem, Any, float | None] | None = None
         self._handles: list[RemovableHandle] = []
         self._patches: list[SharedPatch] = []
 
@@ -225,9 +227,10 @@ class ScriptWatch:
         grad_flag = None if scaler is not None else grads_finite_flag(self._params(optimizer))
         if grad_flag is not None:
             flags.append(grad_flag.to(flags[0].device) if flags else grad_flag)
-        if not flags:
-            return
-        values = [bool(v) for v in torch.stack([f.to(flags[0].device) for f in flags]).tolist()]
+        values = (
+            [bool(v) for v in torch.stack([f.to(flags[0].device) for f in flags]).tolist()]
+            if flags else []
+        )
         losses_ok = all(values[: len(self._losses)])
         grads_ok = values[-1] if grad_flag is not None else True
         scale = float(scaler.get_scale()) if scaler is not None and not losses_ok else None
@@ -238,8 +241,18 @@ class ScriptWatch:
         )
         if problem is not None:
             self._losses = []  # checked: the GradScaler's update does not count them again
-            self._problem(problem, optimizer, scale)
-            self._set_grads_aside(optimizer)  # --on-problem continue: this update is skipped
+            self._set_grads_aside(optimizer)  # this update is skipped (restored after it)
+        if scaler is not None and current_ranks() is not None:
+            # under torchrun the ranks agree in scaler.update(), which every rank reaches
+            self._pending = (problem, optimizer, scale) if problem is not None else None
+            return
+        problem, rerun = self._agree(problem)
+        if problem is not None:
+            try:
+                self._problem(problem, optimizer, scale, rerun)
+            except BaseException:
+                self._restore_grads()
+                raise
 
     def _after_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._busy:
@@ -298,9 +311,31 @@ class ScriptWatch:
             loss=self._first_bad_loss(), loss_ok=losses_ok, grads_ok=True, scaled=True,
             scale_problem=scale_problem, bad_grads=lambda: "",
         )
+        optimizer, scale = getattr(self, "_scaler_optimizer", None), used
+        pending, self._pending = self._pending, None
+        if pending is not None:  # the pre-hook's verdict, held for the ranks' agreement
+            problem, optimizer, scale = pending
+        problem, rerun = self._agree(problem)
         if problem is not None:
-            self._problem(problem, getattr(self, "_scaler_optimizer", None), used)
+            self._problem(problem, optimizer, scale, rerun)
         self._step_done()
+
+    def _agree(self, problem: Problem | None) -> tuple[Problem | None, bool]:
+        """Under torchrun, every rank's verdict (one all-reduce, at the same call on every
+        rank): a problem on any rank is a problem on all, so all stop together. Returns this
+        rank's problem and whether it re-runs its step (the first rank whose own loss broke;
+        without one, every rank)."""
+        ranks = current_ranks()
+        if ranks is None:
+            return problem, True
+        code = OK if problem is None else OWN if problem.own_batch else SEEN
+        codes = agree(ranks, code)
+        if not any(codes):
+            return None, False
+        if problem is None:
+            others = ", ".join(str(r) for r, c in enumerate(codes) if c)
+            problem = Problem(Reason.OTHER_RANK, f"rank {others} saw a problem at this step")
+        return problem, ranks.rank in scanning_ranks(codes)
 
     def _first_bad_loss(self) -> torch.Tensor | None:
         for loss in self._losses:
@@ -326,14 +361,18 @@ class ScriptWatch:
         for p, grad in aside:
             p.grad = grad
 
-    def _problem(self, problem: Problem, optimizer: Any, scale: float | None) -> None:
+    def _problem(
+        self, problem: Problem, optimizer: Any, scale: float | None, rerun: bool = True
+    ) -> None:
         self.problems += 1
         if len(self.events) >= self.max_reports:
             return
         step = self.steps + 1
         call = self._pick_call(optimizer)
         report, why_not, model = None, "", ""
-        if call is None:
+        if not rerun:
+            why_not = "another rank re-runs its step"
+        elif call is None:
             why_not = "no call of a model with trainable parameters was seen in this step"
         else:
             module, _ = unwrap_model(call.module)

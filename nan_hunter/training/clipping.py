@@ -149,7 +149,7 @@ def _wrap_clip_with_norm(original: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
         parameters = list(parameters) if isinstance(parameters, Iterable) else parameters
-        if isinstance(parameters, list):
+        if isinstance(parameters, list) and not _checked_already():
             for guard in _guards():
                 guard.check("clip_grad_norm_", parameters)
         return original(parameters, *args, **kwargs)
@@ -161,7 +161,8 @@ def _wrap_grouping(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def group(tensorlistlist: Any, *args: Any, **kwargs: Any) -> Any:
         caller = sys._getframe(1).f_code.co_name
-        if caller == "clip_grad_value_" and isinstance(tensorlistlist, list) and tensorlistlist:
+        grads = tensorlistlist if isinstance(tensorlistlist, list) else []
+        if caller == "clip_grad_value_" and grads and not _checked_already():
             for guard in _guards():
                 guard.check_grads("clip_grad_value_", list(tensorlistlist[0]))
         return original(tensorlistlist, *args, **kwargs)
@@ -195,6 +196,18 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 guards = list(_GUARDS)
             for guard in guards:
                 guard.check(name, parameters)
-        return original(parameters, *args, **kwargs)
+        _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1  # checked: the helpers need not
+        try:
+            return original(parameters, *args, **kwargs)
+        finally:
+            _INSIDE.depth -= 1
 
     return clip
+
+
+_INSIDE = threading.local()
+"""Inside a wrapped public clipping function: its helpers do not check again."""
+
+
+def _checked_already() -> bool:
+    return getattr(_INSIDE, "depth", 0) > 0
