@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from nan_hunter.loader import (
     unwrap_model,
 )
 from nan_hunter.options import settings_with
-from nan_hunter.project import project_root
+from nan_hunter.project import is_installed, project_root
 from nan_hunter.suppressions import apply_suppressions
 
 
@@ -102,7 +103,24 @@ def scan(
         rescan = patched_model_scan(model, loss_fn, source, scan_copy)
         probe = model_probe(model, target.batch, loss_fn)
         report = verify_fixes(report, rescan, source, probe)
-    return report
+    return _named_by_the_script(report, model, source)
+
+
+def _named_by_the_script(report: Report, model: torch.nn.Module, source: Path) -> Report:
+    """A model whose class an installed library defines (a transformers model) is reported
+    under the script that runs it (``__main__``'s file, a training script under a Trainer or
+    ``nan-hunter run``), with a note naming the library's file: the header named
+    ``modeling_bert.py``. Findings keep their own files and lines."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not source.is_file() or not is_installed(str(source)) or not main:
+        return report
+    if is_installed(main) or not Path(main).is_file():
+        return report
+    target = report.target
+    note = f"the model's class {type(model).__qualname__} is defined in {source}"
+    return dataclasses.replace(report, target=dataclasses.replace(
+        target, file=str(Path(main).resolve()), notes=(*target.notes, note),
+    ))
 
 
 def _source_file(model: torch.nn.Module) -> Path:

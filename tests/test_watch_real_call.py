@@ -183,3 +183,33 @@ def test_clipping_before_unscale_is_caught_whatever_the_import_and_names_the_lin
     assert f"{clip.__name__} was called at {__file__}:{line} on scaled gradients" in (
         warning.message
     )
+
+
+def test_a_library_models_report_is_named_after_the_script(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Trainer's report header named ``modeling_bert.py`` (the model's class file in
+    site-packages), not the user's script."""
+    import nan_hunter
+
+    library = tmp_path / "site-packages"
+    library.mkdir()
+    (library / "libmodel.py").write_text(
+        "import torch\n\n\nclass LibModel(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 1)\n\n"
+        "    def forward(self, x):\n        return self.fc(x)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text("# the user's training script\n")
+    monkeypatch.syspath_prepend(str(library))
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(script), raising=False)
+    from libmodel import LibModel  # type: ignore[import-not-found]
+
+    x = torch.randn(2, 4)
+    x[0, 0] = float("nan")
+    report = nan_hunter.scan(LibModel(), x, device="cpu")
+    assert report.target.file == str(script.resolve())
+    assert report.target.notes[-1] == (
+        f"the model's class LibModel is defined in {(library / 'libmodel.py').resolve()}"
+    )
