@@ -53,7 +53,12 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
         "script was stopped (--on-problem stop)",
     ]
     assert "error[NH102]" in done.stderr  # the text report on stderr, the JSON in the file
-    first = json.loads(report.read_text())["findings"][0]
+    data = json.loads(report.read_text())
+    assert data["target"]["notes"] == [
+        "training step 12: the loss is nan; 11 optimizer steps checked before it; re-run from "
+        "the step's own inputs and weights"
+    ]
+    first = data["findings"][0]
     assert (first["code"], first["op"], first["module"]) == ("NH102", "Tensor.__matmul__", "pairs")
     assert first["location"]["line"] == CULPRIT
     assert first["fix"]["verified"] is True

@@ -24,6 +24,7 @@ removed by ``close``. Nothing runs per op.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -383,6 +384,11 @@ class ScriptWatch:
                     call, replay_copy(module), self.settings, scale=scale,
                     precision_given=self.precision_given,
                 )
+                checked = f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
+                note = (f"training step {step}: {problem.detail}; {checked} checked before it; "
+                        "re-run from the step's own inputs and weights")
+                report = dataclasses.replace(report, target=dataclasses.replace(
+                    report.target, notes=(*report.target.notes, note)))
             except NanHunterError as exc:
                 why_not = f"the re-run failed: {first_line(exc)}"
             except Exception as exc:  # a model that cannot be copied, or an error of ours
