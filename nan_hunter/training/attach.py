@@ -115,6 +115,8 @@ class ScriptWatch:
         self._busy = False
         self._scales: dict[int, ScaleWatch] = {}
         self._in_scaler: Any = None
+        """The GradScaler whose ``step`` is running (the optimizer pre-hook is inside it)."""
+        self._scaler_optimizer: Any = None
         self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._pending: tuple[Problem, Any, float | None] | None = None
         self._handles: list[RemovableHandle] = []
@@ -312,7 +314,7 @@ class ScriptWatch:
             loss=self._first_bad_loss(), loss_ok=losses_ok, grads_ok=True, scaled=True,
             scale_problem=scale_problem, bad_grads=lambda: "",
         )
-        optimizer, scale = getattr(self, "_scaler_optimizer", None), used
+        optimizer, scale = self._scaler_optimizer, used
         pending, self._pending = self._pending, None
         if pending is not None:  # the pre-hook's verdict, held for the ranks' agreement
             problem, optimizer, scale = pending
