@@ -106,3 +106,22 @@ def test_torchrun_ranks_agree_so_a_problem_on_one_rank_stops_all() -> None:
         "nan-hunter: rank 1: training step 3: the loss is nan; NH001 input in Sequential "
         "(report on stderr)",
     ]
+
+
+def test_torchrun_fsdp2_two_ranks_stop_together_and_say_why_not_re_run() -> None:
+    done = run([
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", "29535", "-m", "nan_hunter", "run", "--no-verify",
+        "tests/run_scripts/fsdp_train.py",
+    ])
+    assert done.returncode == 1
+    lines = ours(done.stderr)
+    assert (
+        "nan-hunter: rank 1: training step 3: the loss is nan; not re-run: FSDP shards the "
+        "model's parameters: a copy could only run with the other ranks (collectives)"
+    ) in lines
+    assert (
+        "nan-hunter: rank 0: training step 3: non-finite gradient (4 of the optimizer's "
+        "parameters); not re-run: another rank re-runs its step"
+    ) in lines
+    assert "trained" not in done.stdout

@@ -45,7 +45,7 @@ from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
 from nan_hunter.training.distributed import OK, OWN, SEEN, agree, current_ranks, scanning_ranks
-from nan_hunter.training.replay import replay_copy
+from nan_hunter.training.replay import replay_copy, sharded
 from nan_hunter.training.rerun import CapturedCall, StepPrecision, pick_call, rerun_call
 from nan_hunter.training.verdict import Problem, Reason, step_verdict
 
@@ -377,6 +377,10 @@ class ScriptWatch:
             why_not = "another rank re-runs its step"
         elif call is None:
             why_not = "no call of a model with trainable parameters was seen in this step"
+        elif sharded(unwrap_model(call.module)[0]):
+            model = type(unwrap_model(call.module)[0]).__name__
+            why_not = ("FSDP shards the model's parameters: a copy could only run with the other "
+                       "ranks (collectives)")
         else:
             module, _ = unwrap_model(call.module)
             model = type(module).__name__
