@@ -110,7 +110,11 @@ BatchFile = Annotated[
     Path | None, typer.Option("--batch-file", help="Saved batch to use instead of batch-fn.")
 ]
 Dtype = Annotated[
-    choices.DType | None, typer.Option(help="Low-precision dtype." + _default("dtype"))
+    choices.DType | None,
+    typer.Option(
+        help="Dtype to analyse in: float16, bfloat16, or float32 (a plain FP32 run)."
+        + _default("dtype")
+    ),
 ]
 Device = Annotated[
     choices.Device | None,
@@ -259,5 +263,5 @@ MaxSteps = Annotated[
 ]
 RunDtype = Annotated[
     choices.DType | None,
-    typer.Option(help="Low-precision dtype of the re-run.  [default: the one the step used]"),
+    typer.Option(help="Dtype of the re-run.  [default: the one the step ran in]"),
 ]
