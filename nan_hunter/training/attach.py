@@ -44,7 +44,15 @@ from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
-from nan_hunter.training.distributed import OK, OWN, SEEN, agree, current_ranks, scanning_ranks
+from nan_hunter.training.distributed import (
+    OK,
+    OWN,
+    SEEN,
+    Ranks,
+    agree,
+    current_ranks,
+    scanning_ranks,
+)
 from nan_hunter.training.replay import replay_copy, sharded
 from nan_hunter.training.rerun import CapturedCall, StepPrecision, pick_call, rerun_call
 from nan_hunter.training.verdict import Problem, Reason, step_verdict
@@ -119,6 +127,7 @@ class ScriptWatch:
         self._scaler_optimizer: Any = None
         self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._pending: tuple[Problem, Any, float | None] | None = None
+        self._ranks: Ranks | None = None
         self._handles: list[RemovableHandle] = []
         self._patches: list[SharedPatch] = []
 
@@ -238,14 +247,15 @@ class ScriptWatch:
         grads_ok = values[-1] if grad_flag is not None else True
         scale = float(scaler.get_scale()) if scaler is not None and not losses_ok else None
         problem = step_verdict(
-            loss=self._first_bad_loss(), loss_ok=losses_ok, grads_ok=grads_ok,
+            loss=None if losses_ok else self._first_bad_loss(), loss_ok=losses_ok,
+            grads_ok=grads_ok,
             scaled=scaler is not None, scale_problem=None,
             bad_grads=lambda: _bad_grads(optimizer),
         )
         if problem is not None:
             self._losses = []  # checked: the GradScaler's update does not count them again
             self._set_grads_aside(optimizer)  # this update is skipped (restored after it)
-        if scaler is not None and current_ranks() is not None:
+        if scaler is not None and self._current_ranks() is not None:
             # under torchrun the ranks agree in scaler.update(), which every rank reaches
             self._pending = (problem, optimizer, scale) if problem is not None else None
             return
@@ -311,7 +321,8 @@ class ScriptWatch:
             flags = self._loss_flags()
             losses_ok = bool(torch.stack(flags).all())
         problem = step_verdict(
-            loss=self._first_bad_loss(), loss_ok=losses_ok, grads_ok=True, scaled=True,
+            loss=None if losses_ok else self._first_bad_loss(), loss_ok=losses_ok,
+            grads_ok=True, scaled=True,
             scale_problem=scale_problem, bad_grads=lambda: "",
         )
         optimizer, scale = self._scaler_optimizer, used
@@ -323,12 +334,23 @@ class ScriptWatch:
             self._problem(problem, optimizer, scale, rerun)
         self._step_done()
 
+    def _current_ranks(self) -> Ranks | None:
+        """``current_ranks()``, kept once found while the process group lives (it is asked
+        once or twice a step)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            self._ranks = None
+        elif self._ranks is None:
+            self._ranks = current_ranks()
+        return self._ranks
+
     def _agree(self, problem: Problem | None) -> tuple[Problem | None, bool]:
         """Under torchrun, every rank's verdict (one all-reduce, at the same call on every
         rank): a problem on any rank is a problem on all, so all stop together. Returns this
         rank's problem and whether it re-runs its step (the first rank whose own loss broke;
         without one, every rank)."""
-        ranks = current_ranks()
+        ranks = self._current_ranks()
         if ranks is None:
             return problem, True
         code = OK if problem is None else OWN if problem.own_batch else SEEN
