@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nan_hunter.batch import LossFn
+from nan_hunter.batch import Batch, LossFn
 from nan_hunter.config import Settings, load_settings
 from nan_hunter.engine import scan_target
 from nan_hunter.findings import Report
@@ -28,7 +29,7 @@ from nan_hunter.loader import (
     unwrap_model,
 )
 from nan_hunter.options import settings_with
-from nan_hunter.project import project_root
+from nan_hunter.project import is_installed, project_root
 from nan_hunter.suppressions import apply_suppressions
 
 
@@ -44,7 +45,8 @@ def scan(
     """Scan ``model`` on ``batch`` under emulated FP16 autocast and return the ``Report``.
 
     ``batch`` is what ``sample_batch()`` returns in a model file: a Tensor (``model(x)``), a tuple
-    or list (positional arguments) or a dict with string keys (keyword arguments). ``loss_fn(output,
+    or list (positional arguments), a dict with string keys (keyword arguments) or a
+    ``nan_hunter.batch.Batch`` (both, as a real call had them). ``loss_fn(output,
     batch)`` returns a scalar tensor; without it the loss is the sum of the means of all
     floating-point tensors in the output (a model that returns its own scalar loss needs none).
 
@@ -83,7 +85,7 @@ def scan(
     source = _source_file(model)
     target = Target(
         model=model,
-        batch=as_batch(batch, source="batch"),
+        batch=batch if isinstance(batch, Batch) else as_batch(batch, source="batch"),
         loss_fn=loss_fn,
         file=source,
         module_name=type(model).__module__,
@@ -101,7 +103,24 @@ def scan(
         rescan = patched_model_scan(model, loss_fn, source, scan_copy)
         probe = model_probe(model, target.batch, loss_fn)
         report = verify_fixes(report, rescan, source, probe)
-    return report
+    return _named_by_the_script(report, model, source)
+
+
+def _named_by_the_script(report: Report, model: torch.nn.Module, source: Path) -> Report:
+    """A model whose class an installed library defines (a transformers model) is reported
+    under the script that runs it (``__main__``'s file, a training script under a Trainer or
+    ``nan-hunter run``), with a note naming the library's file: the header named
+    ``modeling_bert.py``. Findings keep their own files and lines."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not source.is_file() or not is_installed(str(source)) or not main:
+        return report
+    if is_installed(main) or not Path(main).is_file():
+        return report
+    target = report.target
+    note = f"the model's class {type(model).__qualname__} is defined in {source}"
+    return dataclasses.replace(report, target=dataclasses.replace(
+        target, file=str(Path(main).resolve()), notes=(*target.notes, note),
+    ))
 
 
 def _source_file(model: torch.nn.Module) -> Path:

@@ -9,6 +9,7 @@ from enum import Enum
 class DType(str, Enum):
     float16 = "float16"
     bfloat16 = "bfloat16"
+    float32 = "float32"
 
 
 class Device(str, Enum):

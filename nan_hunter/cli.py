@@ -1,4 +1,4 @@
-"""The command line: ``nan-hunter scan``, ``rules``, ``config`` and ``explain``.
+"""The command line: ``nan-hunter scan``, ``run``, ``rules``, ``config`` and ``explain``.
 
 A thin typer layer: each command parses its options (declared in ``nan_hunter.cli_options``),
 calls the layer below and prints what comes back. What ``scan`` does lives in
@@ -88,6 +88,30 @@ def scan(
 ) -> None:
     """Scan a model under FP16 autocast: first failing op, FP32 verdict and a patch."""
     run_scan(ScanCommand.partition(locals()))
+
+
+@app.command(
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
+)
+def run(
+    args: o.RunArgs = None,
+    module: o.RunModule = None,
+    on_problem: o.OnProblem = "stop",
+    max_steps: o.MaxSteps = None,
+    policy: o.Policy = None,
+    dtype: o.RunDtype = None,
+    config: o.Config = None,
+    output_format: o.OutputFormat = OutputFormat.text,
+    output: o.Output = None,
+    patch: o.Patch = None,
+    verify: o.Verify = None,
+    quiet: o.Quiet = False,
+) -> None:
+    """Run a training script unmodified; re-run and report its first step that breaks."""
+    request = {**locals(), "args": args or []}
+    from nan_hunter.run_command import RunRequest, run_script
+
+    run_script(RunRequest(**request))
 
 
 @app.command()

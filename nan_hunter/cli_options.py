@@ -110,7 +110,11 @@ BatchFile = Annotated[
     Path | None, typer.Option("--batch-file", help="Saved batch to use instead of batch-fn.")
 ]
 Dtype = Annotated[
-    choices.DType | None, typer.Option(help="Low-precision dtype." + _default("dtype"))
+    choices.DType | None,
+    typer.Option(
+        help="Dtype to analyse in: float16, bfloat16, or float32 (a plain FP32 run)."
+        + _default("dtype")
+    ),
 ]
 Device = Annotated[
     choices.Device | None,
@@ -244,3 +248,37 @@ Timeout = Annotated[
     ),
 ]
 Debug = Annotated[bool, typer.Option("--debug", help="Show the traceback of an internal error.")]
+
+# --- nan-hunter run --------------------------------------------------------------------------
+RunArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="SCRIPT [ARGS]...",
+        help="The training script and its own arguments, as for python (with -m: only the "
+        "arguments, after --).",
+        show_default=False,
+    ),
+]
+RunModule = Annotated[
+    str | None,
+    typer.Option("-m", "--module", help="Run a module as python -m does.", show_default=False),
+]
+OnProblem = Annotated[
+    str,
+    typer.Option(
+        "--on-problem",
+        help="At the first bad step, after the report: stop (exit 1), continue (the update "
+        "skipped) or raise TrainingProblem in the script.",
+    ),
+]
+MaxSteps = Annotated[
+    int | None,
+    typer.Option(
+        "--max-steps", min=1,
+        help="End the script after N optimizer steps (exit 0 when none broke): a CI smoke run.",
+    ),
+]
+RunDtype = Annotated[
+    choices.DType | None,
+    typer.Option(help="Dtype of the re-run.  [default: the one the step ran in]"),
+]

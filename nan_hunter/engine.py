@@ -63,6 +63,8 @@ def _random_state_kept() -> contextlib.AbstractContextManager[None]:
 
 def _scan_target(target: Target, settings: Settings) -> Report:
     started = time.perf_counter()
+    if settings.dtype == "float32" and settings.mode != "half":
+        settings = dataclasses.replace(settings, mode="half")  # FP32: a plain run, no autocast
     fmt = format_for(settings.dtype)
     device = settings.resolved_device()
     info = ScanTarget(

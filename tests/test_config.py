@@ -161,7 +161,7 @@ def test_sources_is_not_a_settable_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("dtype: float8\n", "'dtype' must be one of float16, bfloat16, got 'float8'"),
+        ("dtype: float8\n", "'dtype' must be one of float16, bfloat16, float32, got 'float8'"),
         ("dtype: 16\n", "'dtype' must be a string, got 16"),
         ("device: tpu\n", "'device' must be one of auto, cpu, cuda, got 'tpu'"),
         ("mode: eager\n", "'mode' must be one of autocast, half, got 'eager'"),
@@ -186,7 +186,9 @@ def test_wrong_type_or_choice_names_the_key(tmp_path: Path, text: str, fragment:
 def test_wrong_value_on_command_line() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(overrides={"dtype": "float8"})
-    assert str(info.value) == "command line: 'dtype' must be one of float16, bfloat16, got 'float8'"
+    assert str(info.value) == (
+        "command line: 'dtype' must be one of float16, bfloat16, float32, got 'float8'"
+    )
 
 
 @pytest.mark.parametrize("value", [".inf", ".nan"])

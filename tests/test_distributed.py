@@ -132,8 +132,8 @@ def test_lightning_ddp_strategy_stops_every_rank_with_the_origins_report(tmp_pat
     assert e0["origin_rank"] == e1["origin_rank"] == LIGHTNING_BAD_RANK
     assert e0["first"] == e1["first"] == ["NH101", "fc1"]
     assert zero["files"] == [
-        f"nan_hunter_step{LIGHTNING_BAD_STEP}.rank0.json",
-        f"nan_hunter_step{LIGHTNING_BAD_STEP}.rank0.txt",
+        f"nan_hunter_step{LIGHTNING_BAD_STEP + 1}.rank0.json",
+        f"nan_hunter_step{LIGHTNING_BAD_STEP + 1}.rank0.txt",
     ]
 
 

@@ -52,12 +52,23 @@ def _trainer(
 
 
 @needs_trainer
-def test_trainer_callback_reports_the_step_module_and_line_and_stops(tmp_path: Path) -> None:
+def test_trainer_callback_reports_the_step_module_and_line_and_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from nan_hunter.integrations.transformers import NanHunterCallback
 
     callback = NanHunterCallback()  # on_problem="stop"
     trainer = _trainer(tmp_path, callback, dataset(bad_step=BAD_STEP))
-    trainer.train()
+    with caplog.at_level(logging.WARNING, logger="nan_hunter"):
+        trainer.train()
+    # not silent (before: one INFO line, so the run just ended), counted as the Trainer logs
+    report = tmp_path / f"nan_hunter_step{BAD_STEP + 1}.txt"
+    assert [r.getMessage() for r in caplog.records if r.name == "nan_hunter"] == [
+        f"nan-hunter: training step {BAD_STEP + 1}: non_finite_loss; NH101 "
+        f"torch.nn.functional.linear in fc1 at {MODEL_FILE}:{LINE}; report {report}",
+        f"nan-hunter: {BAD_STEP + 1} optimizer steps checked, 1 problem step (the first at "
+        f"step {BAD_STEP + 1})",
+    ]
     assert trainer.state.global_step == BAD_STEP + 1  # stopped after the bad step, of 8
     (event,) = callback.events
     assert (event.step, event.reason) == (BAD_STEP, Reason.LOSS)
@@ -73,12 +84,12 @@ def test_trainer_callback_reports_the_step_module_and_line_and_stops(tmp_path: P
     names = sorted(p.name for p in callback.report_files)
     assert names == [
         "nan_hunter_preflight.json", "nan_hunter_preflight.txt",
-        f"nan_hunter_step{BAD_STEP}.json", f"nan_hunter_step{BAD_STEP}.txt",
+        f"nan_hunter_step{BAD_STEP + 1}.json", f"nan_hunter_step{BAD_STEP + 1}.txt",
     ]
     assert all(p.parent == tmp_path and p.exists() for p in callback.report_files)
-    data = json.loads((tmp_path / f"nan_hunter_step{BAD_STEP}.json").read_text())
+    data = json.loads((tmp_path / f"nan_hunter_step{BAD_STEP + 1}.json").read_text())
     assert data["findings"][0]["module"] == "fc1"
-    assert "error[NH101]" in (tmp_path / f"nan_hunter_step{BAD_STEP}.txt").read_text()
+    assert "error[NH101]" in (tmp_path / f"nan_hunter_step{BAD_STEP + 1}.txt").read_text()
     assert callback.preflight is not None and callback.preflight.status == "clean"
 
 
@@ -90,10 +101,11 @@ def test_trainer_callback_report_only_lets_the_run_finish(tmp_path: Path) -> Non
     trainer = _trainer(tmp_path, callback, dataset(bad_step=BAD_STEP))
     trainer.train()
     assert trainer.state.global_step == 8
-    # from the bad step on the weights are NaN: every step is a problem, the first is scanned
-    assert [e.step for e in callback.events] == list(range(BAD_STEP, 8))
+    # the bad step's update is skipped (before, it wrote NaN into the weights and every later
+    # step was a problem too): one event, and the trained weights are finite
+    assert [e.step for e in callback.events] == [BAD_STEP]
     assert callback.events[0].report is not None
-    assert all(e.report is None and "max_reports=1" in e.detail for e in callback.events[1:])
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert callback.preflight is None
 
 
@@ -218,7 +230,7 @@ def test_lightning_callback_reports_the_step_module_and_line_and_stops(tmp_path:
     names = sorted(p.name for p in callback.report_files)
     assert names == [
         "nan_hunter_preflight.json", "nan_hunter_preflight.txt",
-        f"nan_hunter_step{BAD_STEP}.json", f"nan_hunter_step{BAD_STEP}.txt",
+        f"nan_hunter_step{BAD_STEP + 1}.json", f"nan_hunter_step{BAD_STEP + 1}.txt",
     ]
     assert all(p.parent == tmp_path and p.exists() for p in callback.report_files)
     assert callback.preflight is not None and callback.preflight.status == "clean"
@@ -240,6 +252,15 @@ def test_lightning_preflight_catches_fp16_overflow_before_step_0(tmp_path: Path)
     first = event.report.findings[0]
     assert (first.code, first.module) == ("NH102", "fc1")
     assert first.location is not None and first.location.line == LINE
+    # verified against the patched class: before, the re-run's forward was a closure over the
+    # original module, so the unpatched code refuted the fix with its own finding at line
+    # LINE, "new"; now the patched code runs and, as a plain scan of Tiny finds, the fix moves
+    # the overflow to fc2's input on the next line
+    assert first.fix is not None and not first.fix.verified
+    assert first.fix.remaining[0] == (
+        f"NH101 torch.nn.functional.linear at line {LINE + 2} (new: the original scan did not "
+        "have it)"
+    )
     assert (tmp_path / "nan_hunter_preflight.json").exists()
 
 

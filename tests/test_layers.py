@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("command line", (
         "nan_hunter.cli_options", "nan_hunter.command_output", "nan_hunter.scan_command",
-        "nan_hunter.scan_job",
+        "nan_hunter.scan_job", "nan_hunter.run_job", "nan_hunter.run_command",
     )),
     ("cli", ("nan_hunter.cli", "nan_hunter.__main__", "nan_hunter")),
 )

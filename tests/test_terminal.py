@@ -183,7 +183,7 @@ def test_help_is_plain_and_shows_defaults() -> None:
     assert code == 0
     assert "╭" not in out and "│" not in out  # click's plain layout, not boxes
     flat = " ".join(out.split())
-    assert "Low-precision dtype. [default: float16, unless configured]" in flat
+    assert "(a plain FP32 run). [default: float16, unless configured]" in flat
     assert "[default: backward, unless configured]" in flat
     assert "--color [auto|always|never]" in flat or "--color <auto|always|never>" in flat
     assert "[default: auto]" in flat

@@ -4,6 +4,7 @@ the pre-flight scan, and writing a report (text + JSON) into the run's output fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Callable, Iterator
@@ -171,11 +172,34 @@ def record_step_event(
     events: list[WatchEvent],
     report_files: list[Path],
 ) -> None:
-    """Keep a watcher's event; write its report when the watcher kept a new one."""
+    """Keep a watcher's event; write its report when the watcher kept a new one, named by the
+    1-based step the trainers log (``nan_hunter_step4.*`` for the 4th optimizer step); one
+    warning line on the ``nan_hunter`` logger (stderr unless logging is configured)."""
     events.append(event)
+    written: tuple[Path, ...] = ()
     if event.report is not None and new_report:
-        report_files.extend(write_report(event.report, folder, f"nan_hunter_step{event.step}"))
-    logging.getLogger("nan_hunter").info("nan-hunter: %s", summary_line(event))
+        written = write_report(event.report, folder, f"nan_hunter_step{event.step + 1}")
+        report_files.extend(written)
+    line = summary_line(dataclasses.replace(event, step=event.step + 1))
+    if written:
+        line += f"; report {written[0]}"
+    if current_ranks() is None or event.rank == 0:
+        logging.getLogger("nan_hunter").warning("nan-hunter: %s", line)
+
+
+def log_summary(watcher: Any) -> None:
+    """One warning line at the end of training: steps checked, problem steps, where."""
+    if watcher is None or (current_ranks() is not None and watcher.rank != 0):
+        return
+    steps = watcher.steps
+    line = f"{steps} optimizer step{'s' * (steps != 1)} checked"
+    if watcher.problems:
+        first = watcher.reports[0].step + 1 if watcher.reports else None
+        at = f" (the first at step {first})" if first is not None else ""
+        line += f", {watcher.problems} problem step{'s' * (watcher.problems != 1)}{at}"
+    else:
+        line += ", no problem"
+    logging.getLogger("nan_hunter").warning("nan-hunter: %s", line)
 
 
 PREFLIGHT = {"dtype": "float16", "policy": "cuda", "device": "cpu", "numerics": "emulated"}

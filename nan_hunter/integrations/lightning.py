@@ -13,7 +13,8 @@ gradients; on a problem it re-runs ``training_step`` on a copy of the module (th
 is ``training_step``, so module paths stay the module's own). ``on_problem``: ``"stop"``
 (default) sets ``trainer.should_stop``, ``"raise"`` raises ``TrainingProblem``, ``"report"``
 records. Reports (text + JSON) go to ``output_dir`` (default: ``trainer.default_root_dir``):
-``nan_hunter_preflight.*``, ``nan_hunter_step{N}.*``, ``.rank{r}`` per rank under DDP, where
+``nan_hunter_preflight.*``, ``nan_hunter_step{N}.*`` (N from 1, as trainers count steps),
+``.rank{r}`` per rank under DDP, where
 every rank stops at the same step (the watcher's agreement).
 """
 
@@ -31,7 +32,12 @@ except ImportError:  # the standalone package
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
 from nan_hunter.findings import Report
-from nan_hunter.integrations._common import preflight_outcome, preflight_scan, record_step_event
+from nan_hunter.integrations._common import (
+    log_summary,
+    preflight_outcome,
+    preflight_scan,
+    record_step_event,
+)
 from nan_hunter.training.distributed import ReportTo
 from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent
 from nan_hunter.training.watcher import Watcher
@@ -50,26 +56,33 @@ def as_training_step(module: torch.nn.Module) -> torch.nn.Module:
     """``module`` (a copy of a LightningModule) called on a batch runs its ``training_step``
     and returns the loss; the calls ``training_step`` itself makes (``self(x)``) reach the
     module's own forward. The copy is detached from the Trainer (Lightning drops it when
-    copying)."""
-    own = module.forward
-    inside = [False]
+    copying). Both methods are looked up on the module's class at each call, through an object
+    that a deep copy of the module copies along: the copy that verifies a fix, whose class is
+    the patched one, runs the patched code (a closure kept the original module and methods,
+    so every Lightning fix was refuted by the unpatched code)."""
+    module.forward = _TrainingStepForward(module)  # type: ignore[method-assign]
+    return module
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if inside[0]:
-            return own(*args, **kwargs)
-        inside[0] = True
+
+class _TrainingStepForward:
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.inside = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        if self.inside:
+            return type(module).forward(module, *args, **kwargs)
+        self.inside = True
         try:
             with warnings.catch_warnings():  # self.log() on a copy without a Trainer
                 warnings.filterwarnings("ignore", message=r".*self\.log\(\)")
-                loss = step_loss(module.training_step(args[0], 0))  # type: ignore[operator]
+                loss = step_loss(type(module).training_step(module, args[0], 0))
         finally:
-            inside[0] = False
+            self.inside = False
         if loss is None:
             raise TypeError("training_step returned no loss")
         return loss
-
-    module.forward = forward  # type: ignore[method-assign]
-    return module
 
 
 def _returned_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -116,6 +129,7 @@ class NanHunterCallback(pl.Callback):
             report_to=self.report_to, max_reports=self.max_reports, rerun_as=as_training_step,
             **self.options,
         ).__enter__()
+        self.watcher.announce = False  # record_step_event logs, with the report's file
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -152,6 +166,7 @@ class NanHunterCallback(pl.Callback):
                 trainer.should_stop = True
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        log_summary(self.watcher)
         self._close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:

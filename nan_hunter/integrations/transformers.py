@@ -11,7 +11,8 @@ on the model keep each training micro-batch and the loss the model returned; aft
 optimizer step (``on_optimizer_step``, before the Trainer zeroes the gradients) the watcher
 checks the step and, on a problem, re-runs the micro-batch that broke on a copy of the model.
 Reports (text + JSON) go to ``args.output_dir`` (``nan_hunter_preflight.*``,
-``nan_hunter_step{N}.*``; ``.rank{r}`` under torch.distributed). ``on_problem``: ``"stop"``
+``nan_hunter_step{N}.*``, N from 1 as trainers count steps; ``.rank{r}`` under
+torch.distributed). ``on_problem``: ``"stop"``
 (default) sets ``control.should_training_stop``, ``"raise"`` raises ``TrainingProblem``,
 ``"report"`` only records. The Trainer checks ``should_training_stop`` after each step, so a
 pre-flight problem under ``"stop"`` ends training after its first step; ``"raise"`` stops it
@@ -29,6 +30,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from nan_hunter.findings import Report
 from nan_hunter.integrations._common import (
     ForwardCapture,
+    log_summary,
     model_loss,
     preflight_outcome,
     preflight_scan,
@@ -85,6 +87,7 @@ class NanHunterCallback(TrainerCallback):
             model, optimizer, None, loss_fn=self.loss_fn, on_problem=self.on_problem,
             report_to=self.report_to, max_reports=self.max_reports, **self.options,
         ).__enter__()
+        self.watcher.announce = False  # record_step_event logs, with the report's file
         self._capture = ForwardCapture(model)
         self._capture.install()
         return control
@@ -114,6 +117,7 @@ class NanHunterCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
         **kwargs: Any,
     ) -> TrainerControl:
+        log_summary(self.watcher)
         self._close()
         return control
 

@@ -43,7 +43,10 @@ FP32 = FloatFormat.of(torch.float32)
 
 LOW_PRECISION = {"float16": FP16, "bfloat16": BF16}
 LOW_PRECISION_DTYPES = frozenset(f.dtype for f in LOW_PRECISION.values())
+FORMATS = {**LOW_PRECISION, "float32": FP32}
+"""The dtypes a scan analyses in: the low-precision ones, and FP32 for a training step that ran
+in FP32 (``nan-hunter run``: its NaN is analysed as a real bug, not as an FP16 problem)."""
 
 
 def format_for(name: str) -> FloatFormat:
-    return LOW_PRECISION[name]
+    return FORMATS[name]

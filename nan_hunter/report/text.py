@@ -58,9 +58,11 @@ def render_text(
         soft_wrap=width is None,
     )
     t = report.target
+    # an FP32 analysis (a training step that ran in FP32) has no autocast or half mode to name
+    how = "float32" if t.dtype == "float32" else f"{_safe(t.mode)} {_safe(t.dtype)}"
     _paragraph(
         console,
-        f"[bold]nan-hunter[/] {_safe(display_path(t.file))}: {_safe(t.mode)} {_safe(t.dtype)} "
+        f"[bold]nan-hunter[/] {_safe(display_path(t.file))}: {how} "
         f"on {_safe(t.device)} (policy {_safe(t.policy)}"
         f"{', ' + _safe(t.loss_scaling.render()) if t.loss_scaling else ''})",
     )

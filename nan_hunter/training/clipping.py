@@ -4,12 +4,19 @@ With a GradScaler the gradients after ``scaler.scale(loss).backward()`` are mult
 loss scale (2**16 at the start): a ``max_norm`` meant for true gradients then clips almost
 everything, and the clipping changes as the scale moves. The watcher wraps the two clipping
 functions of ``torch.nn.utils`` while it is installed and asks the scaler whether the
-optimizer's gradients have been unscaled yet.
+optimizer's gradients have been unscaled yet. A script that did ``from torch.nn.utils import
+clip_grad_norm_`` before the watcher started holds the original function, so the helpers those
+functions call through their module (``clip_grad._clip_grads_with_norm_``, and
+``_group_tensors_by_device_and_dtype`` under ``clip_grad_value_``) are wrapped as well: the
+clipping is caught by what it does, whatever name it was called by. The warning names the
+script's line that clipped.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,6 +44,8 @@ class WatchWarning:
     """The ``w.step()`` call it was seen before (0-based)."""
     message: str
     fix: str
+    where: str = ""
+    """``file:line`` of the user's code that made the mistake ("" when not found)."""
 
 
 def gradients_scaled(scaler: Any, optimizer: Any) -> bool:
@@ -53,7 +62,8 @@ def gradients_scaled(scaler: Any, optimizer: Any) -> bool:
 class ClipGuard:
     """Wraps ``torch.nn.utils.clip_grad_norm_``/``clip_grad_value_`` (and their home module
     ``torch.nn.utils.clip_grad``) while installed; ``on_scaled(name)`` is called when one of
-    them is given parameters of ``params`` whose gradients are still scaled.
+    them is given parameters of ``params`` whose gradients are still scaled, with the
+    ``file:line`` of the user's call.
 
     Every guard installed in the process shares one wrapper per function
     (``nan_hunter.shared_patch``), which asks each of them: watchers that overlap in any order
@@ -63,8 +73,9 @@ class ClipGuard:
         self,
         params: list[torch.Tensor],
         scaled: Callable[[], bool],
-        on_scaled: Callable[[str], None],
+        on_scaled: Callable[[str, str], None],
     ) -> None:
+        self._params = params
         self._ids = {id(p) for p in params}
         self._scaled = scaled
         self._on_scaled = on_scaled
@@ -87,7 +98,15 @@ class ClipGuard:
 
     def check(self, name: str, parameters: list[Any]) -> None:
         if any(id(p) in self._ids and p.grad is not None for p in parameters) and self._scaled():
-            self._on_scaled(name)
+            self._on_scaled(name, _user_line())
+
+    def check_grads(self, name: str, grads: list[Any]) -> None:
+        """As ``check``, given the gradients rather than their parameters."""
+        if not grads or not self._scaled():
+            return
+        mine = {id(p.grad) for p in self._params if p.grad is not None}
+        if any(id(g) in mine for g in grads):
+            self._on_scaled(name, _user_line())
 
 
 _GUARDS: list[ClipGuard] = []
@@ -106,7 +125,64 @@ def _clip_patches() -> list[SharedPatch]:
                 for name in _FUNCTIONS
                 if getattr(home, name, None) is not None
             )
+            # what the functions call through their module: reached whatever name the script
+            # imported the function by
+            if getattr(clip_grad, "_clip_grads_with_norm_", None) is not None:
+                _CLIP_PATCHES.append(SharedPatch(
+                    clip_grad, "_clip_grads_with_norm_", _wrap_clip_with_norm
+                ))
+            if getattr(clip_grad, "_group_tensors_by_device_and_dtype", None) is not None:
+                _CLIP_PATCHES.append(SharedPatch(
+                    clip_grad, "_group_tensors_by_device_and_dtype", _wrap_grouping
+                ))
         return list(_CLIP_PATCHES)
+
+
+def _guards() -> list[ClipGuard]:
+    with _GUARDS_LOCK:
+        return list(_GUARDS)
+
+
+def _wrap_clip_with_norm(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        parameters = list(parameters) if isinstance(parameters, Iterable) else parameters
+        if isinstance(parameters, list) and not _checked_already():
+            for guard in _guards():
+                guard.check("clip_grad_norm_", parameters)
+        return original(parameters, *args, **kwargs)
+
+    return clip
+
+
+def _wrap_grouping(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def group(tensorlistlist: Any, *args: Any, **kwargs: Any) -> Any:
+        caller = sys._getframe(1).f_code.co_name
+        grads = tensorlistlist if isinstance(tensorlistlist, list) else []
+        if caller == "clip_grad_value_" and grads and not _checked_already():
+            for guard in _guards():
+                guard.check_grads("clip_grad_value_", list(tensorlistlist[0]))
+        return original(tensorlistlist, *args, **kwargs)
+
+    return group
+
+
+_TORCH_HOME = os.path.dirname(torch.__file__) + os.sep
+_OUR_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _user_line() -> str:
+    """``file:line`` of the innermost frame that is neither torch's nor nan-hunter's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not file.startswith((_TORCH_HOME, _OUR_HOME)) and not file.startswith("<"):
+            return f"{file}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
 
 
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -120,6 +196,18 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
                 guards = list(_GUARDS)
             for guard in guards:
                 guard.check(name, parameters)
-        return original(parameters, *args, **kwargs)
+        _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1  # checked: the helpers need not
+        try:
+            return original(parameters, *args, **kwargs)
+        finally:
+            _INSIDE.depth -= 1
 
     return clip
+
+
+_INSIDE = threading.local()
+"""Inside a wrapped public clipping function: its helpers do not check again."""
+
+
+def _checked_already() -> bool:
+    return getattr(_INSIDE, "depth", 0) > 0

@@ -79,7 +79,10 @@ class StepsResult:
 def summary_line(event: WatchEvent) -> str:
     """One line for a log: step, rank, reason, and the origin's first finding."""
     ranks = f" on {event.world_size} ranks" if event.world_size > 1 else ""
-    origin = f", origin rank {event.origin_rank}" if event.origin_rank is not None else ""
+    origin = (
+        f", origin rank {event.origin_rank}"
+        if event.origin_rank is not None and event.world_size > 1 else ""
+    )
     line = f"training step {event.step}{ranks}: {event.reason.value}{origin}"
     first = event.report.findings[0] if event.report and event.report.findings else None
     if first is not None:

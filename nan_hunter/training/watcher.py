@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from nan_hunter.batch import LossFn
+from nan_hunter.batch import Batch, LossFn
 from nan_hunter.config import Settings
 from nan_hunter.errors import ConfigError, NanHunterError, first_line
 from nan_hunter.findings import Report
@@ -77,6 +77,13 @@ from nan_hunter.training.replay import (
     replay_copy,
     sharded,
     unwrap_training_objects,
+)
+from nan_hunter.training.rerun import (
+    CapturedCall,
+    OutputGradientLoss,
+    StepPrecision,
+    pick_call,
+    precision_settings,
 )
 from nan_hunter.training.verdict import Problem, Reason, step_verdict
 
@@ -191,7 +198,13 @@ class Watcher:
             if scaler_active(scaler)
             else None
         )
-        self._handles: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle | _KeeperHandle] = []
+        self._calls: list[CapturedCall] = []
+        """The model's calls since the last ``w.step`` (hook installed by ``with watch``)."""
+        self._busy = False
+        self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self.announce = True
+        """Log one warning line per kept problem (the framework callbacks log their own)."""
         self._clip: ClipGuard | None = None
         self._seen: _HookSeen | None = None
 
@@ -212,6 +225,14 @@ class Watcher:
     def __enter__(self) -> Watcher:
         if self.optimizer is not None and not self._handles:
             self._handles.append(self.optimizer.register_step_pre_hook(self._before_update))
+            self._handles.append(self.optimizer.register_step_post_hook(self._after_update))
+        if self.rerun_as is None and not any(
+            isinstance(h, _KeeperHandle) for h in self._handles
+        ):
+            keeper = _CallKeeper(self)
+            self._handles.append(_KeeperHandle(
+                self.module.register_forward_hook(keeper, with_kwargs=True)
+            ))
         if self._scale is not None and self._clip is None:
             self._clip = ClipGuard(
                 self._params, lambda: gradients_scaled(self.scaler, self.optimizer),
@@ -237,17 +258,20 @@ class Watcher:
                 handle.remove()
         finally:
             self._seen = None
+            self._calls = []
             if clip is not None:
                 clip.remove()
 
-    def _clipped_scaled(self, name: str) -> None:
+    def _clipped_scaled(self, name: str, where: str = "") -> None:
         if any(w.code == "clip_before_unscale" for w in self.warnings):
             return  # reported once
+        at = f" at {where}" if where else ""
         warning = WatchWarning(
             code="clip_before_unscale",
             step=self.steps,
+            where=where,
             message=(
-                f"torch.nn.utils.{name} was called on scaled gradients (before "
+                f"torch.nn.utils.{name} was called{at} on scaled gradients (before "
                 "scaler.unscale_(optimizer)): the threshold applies to gradients multiplied by "
                 f"the loss scale ({float(self.scaler.get_scale()):g}), so it clips far too much "
                 "and differently as the scale moves"
@@ -266,17 +290,45 @@ class Watcher:
         optimizer computes the gradients inside ``step(closure)`` (Lightning) calls it between
         the backward and the update. (With an enabled GradScaler, ``scaler.step`` only calls
         ``optimizer.step`` when they are finite.)"""
-        if self._scale is not None:
+        if self._scale is not None or self._busy:
             return
         flag = grads_finite_flag(self._params)
         ok = flag is None or bool(flag)
         snapshot = None
-        if not ok and len(self.reports) < self.max_reports and not sharded(self.module):
+        if not ok and self._scanned < self.max_reports and not sharded(self.module):
             try:
                 snapshot = replay_copy(self.module)
             except Exception:  # not copyable: w.step re-runs the current weights, or says why not
                 snapshot = None
         self._seen = _HookSeen.of(self._params, ok, snapshot)
+        if not ok and self.optimizer is not None:
+            # skip this update, as GradScaler skips a step: NaN must not reach the weights
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    self._set_aside.append((p, p.grad))
+                    p.grad = None
+
+    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        aside, self._set_aside = self._set_aside, []
+        for p, grad in aside:
+            p.grad = grad
+
+    def keep_call(self, module: torch.nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any], output: Any) -> None:
+        """The model's forward hook: keep the call's inputs (by reference), its precision and,
+        from the backward, the gradient at its outputs."""
+        if self._busy or not torch.is_grad_enabled():
+            return
+        call = CapturedCall(module, args, dict(kwargs), StepPrecision.now(module, args))
+        call.watch_outputs(output)
+        if call.outputs:
+            self._calls.append(call)
+            del self._calls[:-_MAX_CALLS]
+
+    @property
+    def _scanned(self) -> int:
+        """Kept events with a report: a re-run that failed does not use up ``max_reports``."""
+        return sum(1 for e in self.reports if e.report is not None)
 
     # ------------------------------------------------------------------ the per-step check
 
@@ -287,8 +339,16 @@ class Watcher:
         """Check the step that just ran (call it after ``optimizer.step()``, or after
         ``scaler.update()`` with a GradScaler; with gradient accumulation, once per micro-batch
         or once per optimizer step, the same on every rank). ``batch`` is what the model was
-        called with (a Tensor, tuple or dict, as for ``scan``); it is needed to re-run the step
-        on a problem. Returns the event when this step is a problem (on any rank), else None."""
+        called with (a Tensor, tuple or dict, as for ``scan``); inside ``with watch(...)`` the
+        re-run takes the model's inputs from its real call instead (``batch`` is then only what
+        ``loss_fn`` receives), else ``batch`` is needed to re-run the step on a problem. Returns
+        the event when this step is a problem (on any rank), else None."""
+        try:
+            return self._step(batch, loss)
+        finally:
+            self._calls = []
+
+    def _step(self, batch: Any, loss: torch.Tensor | None) -> WatchEvent | None:
         index = self.steps
         self.steps += 1
         seen, self._seen = self._seen, None
@@ -394,7 +454,7 @@ class Watcher:
     def _full_state(self) -> dict[str, torch.Tensor] | None:
         """FSDP with ``unsharded``: the full state dict (a collective: called on every rank at
         the same agreed problem step, or on none)."""
-        if self.unsharded is None or len(self.reports) >= self.max_reports:
+        if self.unsharded is None or self._scanned >= self.max_reports:
             return None
         return full_state(self.module) if sharded(self.module) else None
 
@@ -408,9 +468,9 @@ class Watcher:
         full_state: dict[str, torch.Tensor] | None = None,
     ) -> _Rerun:
         pre_step = snapshot is not None or skipped
-        if len(self.reports) >= self.max_reports:
+        if self._scanned >= self.max_reports:
             return _Rerun(None, f"max_reports={self.max_reports} already made", pre_step)
-        if batch is None:
+        if batch is None and not self._calls:
             return _Rerun(None, "w.step() was given no batch", pre_step)
         if sharded(self.module):
             return self._rerun_sharded(batch, scale, full_state)
@@ -468,7 +528,7 @@ class Watcher:
             return _Rerun(None, f"the re-run failed: {exc}", pre_step)
 
     def _finish(self, event: WatchEvent) -> WatchEvent:
-        if len(self.reports) < self.max_reports:
+        if self._scanned < self.max_reports:
             if self.output is not None and event.report is not None:
                 path = Path(rank_path(str(self.output), self._ranks))
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -477,7 +537,7 @@ class Watcher:
                 write_file(path, render_json(event.report))
                 event = dataclasses.replace(event, report_path=str(path))
             self.reports.append(event)
-            if self._ranks is not None and self._ranks.rank == 0:
+            if self.announce and (self._ranks is None or self._ranks.rank == 0):
                 log.warning("nan-hunter: %s", summary_line(event))
         if self.on_problem == "stop":
             self.stopped = True
@@ -487,13 +547,63 @@ class Watcher:
 
     def _scan(self, replay: torch.nn.Module, batch: Any, scale: float | None) -> Report:
         """The scan models the loss scale the step ran with: the GradScaler's current scale,
-        or no scaling without one, unless ``grad_scale`` was set explicitly."""
+        or no scaling without one, unless ``grad_scale`` was set explicitly. With the model's
+        real call of this step (``with watch``), the re-run takes its inputs from that call, its
+        precision from how the call ran when it ran in FP16/BF16 (unless ``dtype``/``mode`` were
+        set), and, without a
+        ``loss_fn``, its backward from the real gradient at the model's outputs."""
         from nan_hunter.api import scan
 
         settings = self.settings
         if not explicitly_set(settings, "grad_scale"):
             settings = dataclasses.replace(settings, grad_scale=scale)
-        return scan(replay, batch, self.loss_fn, settings=settings)
+        call = pick_call(self._calls)
+        if call is None:
+            return scan(replay, batch, self.loss_fn, settings=settings)
+        # an FP32 step keeps the configured dtype: a watched FP32 run (a CPU run, a callback's)
+        # stands in for the FP16 one it predicts; `nan-hunter run` analyses it in FP32
+        settings = precision_settings(settings, call.precision, fp32=False)
+        loss_fn = self.loss_fn
+        if loss_fn is None:
+            real = OutputGradientLoss(call.grads, scale)
+            loss_fn = real if real.usable else None
+        raw = batch if batch is not None else (call.args, call.kwargs)
+        self._busy = True
+        try:
+            return scan(replay, Batch(call.args, call.kwargs, raw), loss_fn, settings=settings)
+        finally:
+            self._busy = False
+
+
+_MAX_CALLS = 64
+"""Model calls kept between two ``w.step`` calls (gradient accumulation)."""
+
+
+class _CallKeeper:
+    """The model's forward hook. Deep copies of the model (the re-run's) share it rather than
+    copying the watcher with it."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self._watcher = weakref.ref(watcher)
+
+    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], output: Any) -> None:
+        watcher = self._watcher()
+        if watcher is not None:
+            watcher.keep_call(module, args, kwargs, output)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _CallKeeper:
+        return self
+
+
+class _KeeperHandle:
+    """The forward hook's handle, told apart from the optimizer's."""
+
+    def __init__(self, handle: RemovableHandle) -> None:
+        self._handle = handle
+
+    def remove(self) -> None:
+        self._handle.remove()
 
 
 def watch(

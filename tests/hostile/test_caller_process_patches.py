@@ -102,8 +102,8 @@ SCRIPT = textwrap.dedent(
     # 3. two clip guards removed in the order they were installed
     p = nn.Parameter(torch.ones(3))
     calls = []
-    one = ClipGuard([p], lambda: True, lambda name: calls.append(("one", name)))
-    two = ClipGuard([p], lambda: True, lambda name: calls.append(("two", name)))
+    one = ClipGuard([p], lambda: True, lambda name, where: calls.append(("one", name)))
+    two = ClipGuard([p], lambda: True, lambda name, where: calls.append(("two", name)))
     one.install()
     two.install()
     p.grad = torch.ones(3)

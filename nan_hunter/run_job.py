@@ -1,0 +1,338 @@
+"""What ``nan-hunter run`` runs in the script's own process: the script as ``__main__``, with
+a ``ScriptWatch`` attached, then the exit code.
+
+The command line (``run_command``, torch-free) starts ``python -c _BOOT <home> <job>
+<script args>``; ``main`` decodes the ``RunJob``, gives the script the ``sys.argv`` and
+``sys.path[0]`` that ``python train.py ...`` (or ``python -m pkg.train ...``) would, and runs
+it. On a problem step the report goes to stderr (and to ``--output``/``--patch``), one line
+says where, then ``--on-problem`` applies. The exit code is the script's own when nothing was
+found, 1 when a problem was, 0 after ``--max-steps`` clean steps. The script's exceptions and
+Ctrl-C end it as they would without nan-hunter: the traceback (nan-hunter's own frames left
+out), exit code 1, or death by SIGINT.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from nan_hunter.config import Settings
+    from nan_hunter.training.attach import RunEvent, ScriptWatch
+    from nan_hunter.training.clipping import WatchWarning
+
+EXIT_PROBLEM = 1
+ON_PROBLEM_CHOICES = ("stop", "continue", "raise")
+_HOME = str(Path(__file__).resolve().parent)
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """What the command line asked for: the script (a path or a module name) and its
+    arguments, the scan settings for the re-run, and what to do on a problem."""
+
+    script: str | None
+    module: str | None
+    argv: tuple[str, ...]
+    settings: Settings
+    on_problem: str = "stop"
+    max_steps: int | None = None
+    output_format: str = "text"
+    output: str | None = None
+    patch: str | None = None
+    quiet: bool = False
+    color: bool = False
+    width: int = 100
+    precision_given: frozenset[str] = field(default_factory=frozenset)
+
+    def encode(self) -> str:
+        return base64.b64encode(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)).decode()
+
+    @staticmethod
+    def decode(text: str) -> RunJob:
+        job = pickle.loads(base64.b64decode(text))
+        assert isinstance(job, RunJob)
+        return job
+
+
+BOOT = (
+    "import sys\n"
+    "home = sys.argv[1]\n"
+    "if sys.path and sys.path[0] in ('', '.'): del sys.path[0]\n"
+    "try:\n"
+    "    from nan_hunter.run_job import main\n"
+    "except ImportError:\n"  # nan-hunter run from a source folder, not installed
+    "    sys.path.append(home)\n"
+    "    from nan_hunter.run_job import main\n"
+    "main()\n"
+)
+
+
+def main() -> None:
+    """The entry of ``python -c BOOT <home> <job> <script args...>``."""
+    job = RunJob.decode(sys.argv[2])
+    code = run(job, sys.argv[3:])
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def run(job: RunJob, args: list[str]) -> int:
+    import runpy
+    import signal
+
+    from nan_hunter.training.attach import ScriptWatch, StopRun
+
+    if job.script is not None:
+        script = os.path.abspath(job.script)
+        sys.argv = [job.script, *args]
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    else:
+        sys.argv = ["-m", *args]  # runpy puts the module's file in argv[0]
+        sys.path.insert(0, os.getcwd())
+    state = _State(job)
+    watch = ScriptWatch(
+        job.settings, state.on_problem, max_steps=job.max_steps,
+        precision_given=job.precision_given, on_warning=state.on_warning,
+    )
+    state.watch = watch
+    code: int
+    interrupted: KeyboardInterrupt | None = None
+    try:
+        with watch:
+            if job.script is not None:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                assert job.module is not None
+                runpy.run_module(job.module, run_name="__main__", alter_sys=True)
+        code = 0
+    except StopRun as exc:
+        code = int(exc.code or 0)
+        state.ended_by = "max_steps" if code == 0 else "stop"
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+        code = 130
+    except BaseException as exc:  # the script's own exception: shown as Python shows it
+        _show(exc)
+        code = 1
+    if interrupted is not None:
+        _show(interrupted)
+    state.summary(code)
+    if interrupted is not None:  # die of SIGINT, as Python does after a KeyboardInterrupt
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    if watch.problems and state.ended_by != "max_steps":
+        return EXIT_PROBLEM
+    return code
+
+
+def _exit_code(code: Any) -> int:
+    """What ``sys.exit(code)`` makes the process exit with (a text goes to stderr, exit 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _ours(filename: str) -> bool:
+    import runpy
+
+    return (
+        filename.startswith(_HOME + os.sep)
+        or filename in (runpy.__file__, "<frozen runpy>")
+        or filename == "<string>"
+    )
+
+
+def _strip(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without nan-hunter's frames (and runpy's, and the boot's)."""
+    from types import TracebackType
+
+    kept = []
+    while tb is not None:
+        if not _ours(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    new: TracebackType | None = None
+    for t in reversed(kept):
+        new = TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return new
+
+
+def _show(exc: BaseException) -> None:
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        item.__traceback__ = _strip(item.__traceback__)
+        todo += [item.__cause__, item.__context__]
+    sys.stdout.flush()
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+
+
+class _State:
+    """The run's text on stderr and the files asked for."""
+
+    def __init__(self, job: RunJob) -> None:
+        self.job = job
+        self.watch: ScriptWatch | None = None
+        self.ended_by = ""
+        self.first: RunEvent | None = None
+
+    def say(self, line: str) -> None:
+        sys.stdout.flush()
+        print(f"nan-hunter: {_rank()}{line}", file=sys.stderr, flush=True)
+
+    def on_warning(self, warning: WatchWarning) -> None:
+        message = warning.message
+        if warning.where:
+            message = message.replace(warning.where, _shown_where(warning.where))
+        self.say(f"warning: training step {warning.step}: {message}; fix: "
+                 + "; ".join(warning.fix.splitlines()))
+
+    def on_problem(self, event: RunEvent) -> None:
+        from nan_hunter.training.events import TrainingProblem, WatchEvent
+
+        job = self.job
+        if self.first is None:
+            self.first = event
+        where = self._write(event)
+        self.say(problem_line(event, where))
+        if job.patch is not None and event.report is not None:
+            self._write_patch(event.report)
+        if job.on_problem == "stop":
+            from nan_hunter.training.attach import StopRun
+
+            raise StopRun(EXIT_PROBLEM)
+        if job.on_problem == "raise":
+            raise TrainingProblem(WatchEvent(
+                step=event.step, reason=event.reason, report=event.report,
+                detail=event.detail, scale=event.scale, pre_step=True,
+            ))
+
+    def _write(self, event: RunEvent) -> str:
+        """The text report on stderr (``--format`` there without ``--output``), the report in
+        ``--format`` into ``--output``; where it went."""
+        from nan_hunter.report import render
+
+        job = self.job
+        report = event.report
+        if report is None:
+            return ""
+        where = "on stderr"
+        if job.output is not None:
+            self._file(job.output, render(report, job.output_format))
+            where = job.output
+        fmt = "text" if job.output is not None else job.output_format
+        text = render(report, fmt, color=job.color and fmt == "text", width=job.width)
+        sys.stdout.flush()
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+        return where
+
+    def _write_patch(self, report: Any) -> None:
+        from nan_hunter.fixes.edits import render_patch
+        from nan_hunter.fixes.select import select_fixes
+        from nan_hunter.project import shared_root
+
+        assert self.job.patch is not None
+        selection = select_fixes(report, unsafe=False)
+        if not selection.edits:
+            self.say("no patch to write: no finding has a fix to apply")
+            return
+        root = shared_root([Path(report.target.file), *(Path(e.file) for e in selection.edits)])
+        self._file(self.job.patch, render_patch(selection.edits, root))
+        self.say(f"patch written to {self.job.patch}")
+
+    def _file(self, path: str, text: str) -> None:
+        from nan_hunter.errors import NanHunterError
+        from nan_hunter.safe_write import write_file
+
+        try:
+            write_file(Path(path), text)
+        except NanHunterError as exc:
+            self.say(f"error: {exc}")
+
+    def summary(self, code: int) -> None:
+        watch = self.watch
+        if watch is None or (self.job.quiet and not watch.problems):
+            return
+        steps = watch.steps
+        if not watch.optimizers_seen and not steps:
+            self.say(
+                "no optimizer step was seen: nothing was checked (the script never called "
+                "optimizer.step() on a torch optimizer)"
+            )
+            return
+        line = f"{steps} optimizer step{'s' * (steps != 1)} checked"
+        if watch.problems:
+            first = self.first
+            at = f" (the first at step {first.step})" if first is not None else ""
+            line += f", {watch.problems} problem step{'s' * (watch.problems != 1)}{at}"
+        else:
+            line += ", no problem"
+        if self.ended_by == "max_steps":
+            line += f"; --max-steps {self.job.max_steps} reached"
+        elif self.ended_by == "stop":
+            line += "; the script was stopped (--on-problem stop)"
+        else:
+            line += f"; the script exited with code {code}"
+        self.say(line)
+
+
+def problem_line(event: RunEvent, where: str) -> str:
+    """One line: the step, what broke, where, and where the report went."""
+    line = f"training step {event.step}: {event.detail}"
+    report = event.report
+    if report is None:
+        return line + f"; not re-run: {event.why_not}"
+    errors = [f for f in report.active if f.severity.value == "error"]
+    first = errors[0] if errors else None
+    if first is None:
+        found = f"{len(report.active)} warning{'s' * (len(report.active) != 1)}" if (
+            report.active) else "nothing"
+        return line + (
+            f"; the re-run of {event.model} finds no error ({found}): the non-finite values "
+            f"came from outside its forward (another rank's gradients, the loss) (report {where})"
+        )
+    at = f" at {_shown_path(first.location.file)}:{first.location.line}" if first.location else ""
+    module = f" in {event.model}" + (f".{first.module}" if first.module not in ("", "(root)")
+                                     else "")
+    return line + f"; {first.code} {first.op or 'input'}{module}{at} (report {where})"
+
+
+def _shown_path(file: str) -> str:
+    """A file below the working directory as a relative path, any other as it is."""
+    try:
+        return os.path.relpath(file) if Path(file).resolve().is_relative_to(Path.cwd()) else file
+    except (OSError, ValueError):
+        return file
+
+
+def _shown_where(where: str) -> str:
+    file, _, line = where.rpartition(":")
+    return f"{_shown_path(file)}:{line}" if file else where
+
+
+def _rank() -> str:
+    """``rank N: `` under torchrun (its environment), else nothing."""
+    try:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        several = False
+    return f"rank {os.environ.get('RANK', '?')}: " if several else ""

@@ -1,0 +1,499 @@
+"""``ScriptWatch``: the checks of ``watch``, attached to a script that knows nothing of them.
+
+``nan-hunter run train.py`` installs one of these before the script starts. It sees the
+training loop only through torch's public global hooks and two methods of ``GradScaler``:
+
+- ``register_module_forward_pre_hook``/``register_module_forward_hook``: the outermost call of
+  a module with trainable parameters, while gradients are enabled, is the model call of the
+  step; its inputs are kept by reference and a hook on each floating output keeps the gradient
+  that reaches it (``rerun.CapturedCall``). Calls inside it cost one counter update each.
+- ``Tensor.backward`` (wrapped): the tensor it is called on is the step's loss.
+- ``register_optimizer_step_pre_hook``: without a GradScaler, the step boundary: the loss and
+  the gradients about to be applied are checked there (one host sync); with one, only the loss
+  (GradScaler already checked the gradients).
+- ``GradScaler.step``/``update`` (wrapped): the scale from step to step (``ScaleWatch``); from
+  the first ``scaler.step(optimizer)`` on, clipping that optimizer's still-scaled gradients
+  (``clip_grad_norm_`` before ``scaler.unscale_``, imported by any name) is one warning.
+
+On a problem the update is not applied (the gradients are set aside while ``optimizer.step``
+runs and put back after it, as GradScaler skips a step), the step's model call is re-run on a
+copy of the model with the weights the step ran with, through the scan engine
+(``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. Everything is
+removed by ``close``. Nothing runs per op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils.hooks import RemovableHandle
+
+from nan_hunter.config import Settings
+from nan_hunter.errors import NanHunterError, first_line
+from nan_hunter.findings import Report
+from nan_hunter.loader import unwrap_model
+from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
+from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
+from nan_hunter.training.distributed import (
+    OK,
+    OWN,
+    SEEN,
+    Ranks,
+    agree,
+    current_ranks,
+    scanning_ranks,
+)
+from nan_hunter.training.replay import replay_copy, sharded
+from nan_hunter.training.rerun import CapturedCall, StepPrecision, pick_call, rerun_call
+from nan_hunter.training.verdict import Problem, Reason, step_verdict
+
+MAX_CALLS = 64
+"""Model calls kept per optimizer step (gradient accumulation); the oldest are dropped."""
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A training step of the script that tripped the check, and the re-run of it."""
+
+    step: int
+    """1-based index of the optimizer step (as trainers count them)."""
+    reason: Reason
+    detail: str
+    report: Report | None
+    """The scan of the step's model call; None when it could not be re-run (``why_not``)."""
+    model: str = ""
+    """The class of the model that was re-run."""
+    why_not: str = ""
+    scale: float | None = None
+
+
+class StopRun(SystemExit):
+    """Ends the script from inside a hook (``--on-problem stop``, ``--max-steps``): a
+    ``SystemExit``, so the script's ``except Exception`` does not swallow it and its
+    ``finally`` blocks run."""
+
+
+class ScriptWatch:
+    """See the module docstring. ``on_problem(event)`` is called once per problem step that is
+    re-run (at most ``max_reports``); ``steps`` counts the optimizer steps checked; after
+    ``max_steps`` of them the script is ended with ``StopRun(0)``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_problem: Callable[[RunEvent], None],
+        *,
+        max_steps: int | None = None,
+        skip_patience: int = 3,
+        scale_floor: float = 1.0,
+        max_reports: int = 1,
+        precision_given: frozenset[str] = frozenset(),
+        on_warning: Callable[[WatchWarning], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.on_warning = on_warning
+        self.warnings: list[WatchWarning] = []
+        self._guards: dict[int, ClipGuard] = {}
+        self.on_problem = on_problem
+        self.max_steps = max_steps
+        self.skip_patience = skip_patience
+        self.scale_floor = scale_floor
+        self.max_reports = max_reports
+        self.precision_given = precision_given
+        self.steps = 0
+        """Optimizer steps checked."""
+        self.problems = 0
+        """Steps that tripped the check."""
+        self.events: list[RunEvent] = []
+        self.optimizers_seen = 0
+        self._optimizers: set[int] = set()
+        self._calls: list[CapturedCall] = []
+        self._losses: list[torch.Tensor] = []
+        self._local = threading.local()
+        self._busy = False
+        self._scales: dict[int, ScaleWatch] = {}
+        self._in_scaler: Any = None
+        """The GradScaler whose ``step`` is running (the optimizer pre-hook is inside it)."""
+        self._scaler_optimizer: Any = None
+        self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._pending: tuple[Problem, Any, float | None] | None = None
+        self._ranks: Ranks | None = None
+        self._handles: list[RemovableHandle] = []
+        self._patches: list[SharedPatch] = []
+
+    # ------------------------------------------------------------------ install / remove
+
+    def __enter__(self) -> ScriptWatch:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def install(self) -> None:
+        global _ACTIVE
+        _ACTIVE = self
+        nn_hooks = torch.nn.modules.module
+        self._handles = [
+            nn_hooks.register_module_forward_pre_hook(self._pre_forward),
+            nn_hooks.register_module_forward_hook(
+                self._post_forward, with_kwargs=True, always_call=True
+            ),
+            register_optimizer_step_pre_hook(self._before_update),
+            register_optimizer_step_post_hook(self._after_update),
+        ]
+        self._patches = [_BACKWARD, _SCALER_STEP, _SCALER_UPDATE]
+        for patch in self._patches:
+            patch.acquire()
+
+    def close(self) -> None:
+        global _ACTIVE
+        handles, self._handles = self._handles, []
+        patches, self._patches = self._patches, []
+        guards, self._guards = self._guards, {}
+        try:
+            for handle in handles:
+                handle.remove()
+        finally:
+            for guard in guards.values():
+                guard.remove()
+            for patch in patches:
+                patch.release()
+            if _ACTIVE is self:
+                _ACTIVE = None
+            self._calls, self._losses = [], []
+
+    # ------------------------------------------------------------------ what the hooks see
+
+    def _pre_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth or self._busy or not torch.is_grad_enabled():
+            return
+        if not any(p.requires_grad for p in module.parameters()):
+            return  # a loss module, an activation called on its own
+        self._local.pending = (module, StepPrecision.now(module, args))
+
+    def _post_forward(self, module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+        # (kwargs, output); after a forward that raised, torch passes (output=None) only
+        kwargs, output = rest if len(rest) == 2 else ({}, None)
+        depth = getattr(self._local, "depth", 1) - 1
+        self._local.depth = depth
+        pending = getattr(self._local, "pending", None)
+        if depth or pending is None or pending[0] is not module:
+            return
+        self._local.pending = None
+        if output is None:
+            return  # the forward raised (always_call)
+        call = CapturedCall(module, args, dict(kwargs), pending[1])
+        call.watch_outputs(output)
+        if call.outputs:
+            self._calls.append(call)
+            del self._calls[:-MAX_CALLS]
+
+    def saw_backward(self, tensor: torch.Tensor) -> None:
+        if not self._busy and tensor.numel() == 1:
+            self._losses.append(tensor)
+            del self._losses[:-MAX_CALLS]
+
+    # ------------------------------------------------------------------ step boundaries
+
+    def _params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _loss_flags(self) -> list[torch.Tensor]:
+        return [torch.isfinite(loss.detach()).all() for loss in self._losses]
+
+    def _before_update(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if self._busy:
+            return None
+        if id(optimizer) not in self._optimizers:
+            self._optimizers.add(id(optimizer))
+            self.optimizers_seen += 1
+        # optimizer.step(closure) (Lightning, LBFGS): the forward and backward run inside the
+        # step, after this hook: check after the closure, before the update
+        if callable(kwargs.get("closure")):
+            kwargs = {**kwargs, "closure": _CheckedClosure(self, optimizer, kwargs["closure"])}
+            return args, kwargs
+        if args and callable(args[0]):
+            return (_CheckedClosure(self, optimizer, args[0]), *args[1:]), kwargs
+        self.check(optimizer)
+        return None
+
+    def check(self, optimizer: torch.optim.Optimizer) -> None:
+        """The step check, between the backward and the update."""
+        scaler = self._in_scaler
+        flags = self._loss_flags()
+        grad_flag = None if scaler is not None else grads_finite_flag(self._params(optimizer))
+        if grad_flag is not None:
+            flags.append(grad_flag.to(flags[0].device) if flags else grad_flag)
+        values = (
+            [bool(v) for v in torch.stack([f.to(flags[0].device) for f in flags]).tolist()]
+            if flags else []
+        )
+        losses_ok = all(values[: len(self._losses)])
+        grads_ok = values[-1] if grad_flag is not None else True
+        scale = float(scaler.get_scale()) if scaler is not None and not losses_ok else None
+        problem = step_verdict(
+            loss=None if losses_ok else self._first_bad_loss(), loss_ok=losses_ok,
+            grads_ok=grads_ok,
+            scaled=scaler is not None, scale_problem=None,
+            bad_grads=lambda: _bad_grads(optimizer),
+        )
+        if problem is not None:
+            self._losses = []  # checked: the GradScaler's update does not count them again
+            self._set_grads_aside(optimizer)  # this update is skipped (restored after it)
+        if scaler is not None and self._current_ranks() is not None:
+            # under torchrun the ranks agree in scaler.update(), which every rank reaches
+            self._pending = (problem, optimizer, scale) if problem is not None else None
+            return
+        problem, rerun = self._agree(problem)
+        if problem is not None:
+            try:
+                self._problem(problem, optimizer, scale, rerun)
+            except BaseException:
+                self._restore_grads()
+                raise
+
+    def _after_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._busy:
+            return
+        self._restore_grads()
+        if self._in_scaler is None:  # with a GradScaler its update() ends the step
+            self._step_done()
+
+    def scaler_step(self, scaler: Any, optimizer: Any) -> None:
+        """GradScaler.step is about to run: the optimizer pre-hook is inside it."""
+        key = id(scaler)
+        if key not in self._scales:
+            self._scales[key] = ScaleWatch.start(scaler, self.skip_patience, self.scale_floor)
+        if id(optimizer) not in self._guards and hasattr(optimizer, "param_groups"):
+            guard = ClipGuard(
+                self._params(optimizer), lambda: gradients_scaled(scaler, optimizer),
+                lambda name, where: self._clipped_scaled(name, where, scaler),
+            )
+            guard.install()
+            self._guards[id(optimizer)] = guard
+        self._in_scaler = scaler
+        self._scaler_optimizer = optimizer
+
+    def _clipped_scaled(self, name: str, where: str, scaler: Any) -> None:
+        if self.warnings:
+            return  # reported once
+        at = f" at {where}" if where else ""
+        warning = WatchWarning(
+            code="clip_before_unscale", step=self.steps + 1, where=where,
+            message=(
+                f"{name} was called{at} on scaled gradients (before scaler.unscale_(optimizer)):"
+                f" its threshold applies to gradients multiplied by the loss scale "
+                f"({float(scaler.get_scale()):g})"
+            ),
+            fix=FIX,
+        )
+        self.warnings.append(warning)
+        if self.on_warning is not None:
+            self.on_warning(warning)
+
+    def scaler_step_done(self) -> None:
+        self._in_scaler = None
+
+    def scaler_updated(self, scaler: Any) -> None:
+        if self._busy:
+            return
+        watch = self._scales.get(id(scaler))
+        if watch is None:  # update() without step(): nothing to check
+            return
+        used, skipped, scale_problem = watch.observe(float(scaler.get_scale()))
+        losses_ok = True
+        if skipped and self._losses:  # the optimizer pre-hook did not run: check the loss here
+            flags = self._loss_flags()
+            losses_ok = bool(torch.stack(flags).all())
+        problem = step_verdict(
+            loss=None if losses_ok else self._first_bad_loss(), loss_ok=losses_ok,
+            grads_ok=True, scaled=True,
+            scale_problem=scale_problem, bad_grads=lambda: "",
+        )
+        optimizer, scale = self._scaler_optimizer, used
+        pending, self._pending = self._pending, None
+        if pending is not None:  # the pre-hook's verdict, held for the ranks' agreement
+            problem, optimizer, scale = pending
+        problem, rerun = self._agree(problem)
+        if problem is not None:
+            self._problem(problem, optimizer, scale, rerun)
+        self._step_done()
+
+    def _current_ranks(self) -> Ranks | None:
+        """``current_ranks()``, kept once found while the process group lives (it is asked
+        once or twice a step)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            self._ranks = None
+        elif self._ranks is None:
+            self._ranks = current_ranks()
+        return self._ranks
+
+    def _agree(self, problem: Problem | None) -> tuple[Problem | None, bool]:
+        """Under torchrun, every rank's verdict (one all-reduce, at the same call on every
+        rank): a problem on any rank is a problem on all, so all stop together. Returns this
+        rank's problem and whether it re-runs its step (the first rank whose own loss broke;
+        without one, every rank)."""
+        ranks = self._current_ranks()
+        if ranks is None:
+            return problem, True
+        code = OK if problem is None else OWN if problem.own_batch else SEEN
+        codes = agree(ranks, code)
+        if not any(codes):
+            return None, False
+        if problem is None:
+            others = ", ".join(str(r) for r, c in enumerate(codes) if c)
+            problem = Problem(Reason.OTHER_RANK, f"rank {others} saw a problem at this step")
+        return problem, ranks.rank in scanning_ranks(codes)
+
+    def _first_bad_loss(self) -> torch.Tensor | None:
+        for loss in self._losses:
+            if not bool(torch.isfinite(loss.detach()).all()):
+                return loss
+        return self._losses[-1] if self._losses else None
+
+    def _step_done(self) -> None:
+        self.steps += 1
+        self._calls, self._losses = [], []
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise StopRun(0)
+
+    # ------------------------------------------------------------------ a problem step
+
+    def _set_grads_aside(self, optimizer: torch.optim.Optimizer) -> None:
+        for p in self._params(optimizer):
+            self._set_aside.append((p, p.grad))
+            p.grad = None
+
+    def _restore_grads(self) -> None:
+        aside, self._set_aside = self._set_aside, []
+        for p, grad in aside:
+            p.grad = grad
+
+    def _problem(
+        self, problem: Problem, optimizer: Any, scale: float | None, rerun: bool = True
+    ) -> None:
+        self.problems += 1
+        if len(self.events) >= self.max_reports:
+            return
+        step = self.steps + 1
+        call = self._pick_call(optimizer)
+        report, why_not, model = None, "", ""
+        if not rerun:
+            why_not = "another rank re-runs its step"
+        elif call is None:
+            why_not = "no call of a model with trainable parameters was seen in this step"
+        elif sharded(unwrap_model(call.module)[0]):
+            model = type(unwrap_model(call.module)[0]).__name__
+            why_not = ("FSDP shards the model's parameters: a copy could only run with the other "
+                       "ranks (collectives)")
+        else:
+            module, _ = unwrap_model(call.module)
+            model = type(module).__name__
+            self._busy = True
+            try:
+                report = rerun_call(
+                    call, replay_copy(module), self.settings, scale=scale,
+                    precision_given=self.precision_given,
+                )
+                checked = f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
+                note = (f"training step {step}: {problem.detail}; {checked} checked before it; "
+                        "re-run from the step's own inputs and weights")
+                report = dataclasses.replace(report, target=dataclasses.replace(
+                    report.target, notes=(*report.target.notes, note)))
+            except NanHunterError as exc:
+                why_not = f"the re-run failed: {first_line(exc)}"
+            except Exception as exc:  # a model that cannot be copied, or an error of ours
+                why_not = f"the re-run failed: {type(exc).__name__}: {first_line(exc)}"
+            finally:
+                self._busy = False
+        event = RunEvent(step, problem.reason, problem.detail, report, model, why_not, scale)
+        if report is not None:  # a failed re-run does not use up max_reports
+            self.events.append(event)
+        self.on_problem(event)
+
+    def _pick_call(self, optimizer: Any) -> CapturedCall | None:
+        """The step's model call: of a module whose parameters the optimizer updates, the
+        first whose output or output gradient is not finite, else the last."""
+        calls = self._calls
+        if optimizer is not None:
+            mine = {id(p) for p in self._params(optimizer)}
+            calls = [c for c in calls if any(id(p) in mine for p in c.module.parameters())]
+        return pick_call(calls)
+
+
+class _CheckedClosure:
+    """An optimizer's closure that, once it has run (forward and backward), checks the step."""
+
+    def __init__(self, watch: ScriptWatch, optimizer: Any, closure: Callable[..., Any]) -> None:
+        self.watch, self.optimizer, self.closure = watch, optimizer, closure
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.closure(*args, **kwargs)
+        self.watch.check(self.optimizer)
+        return result
+
+
+def _bad_grads(optimizer: torch.optim.Optimizer) -> str:
+    names = {id(p): f"param_groups[{g}][{i}]" for g, group in enumerate(optimizer.param_groups)
+             for i, p in enumerate(group["params"])}
+    bad = [names[id(p)] for group in optimizer.param_groups for p in group["params"]
+           if p.grad is not None and not bool(finite_flag([p.grad]))]
+    return f" ({len(bad)} of the optimizer's parameters)" if bad else ""
+
+
+_ACTIVE: ScriptWatch | None = None
+
+
+def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if _ACTIVE is not None:
+            _ACTIVE.saw_backward(self)
+        return original(self, *args, **kwargs)
+
+    return backward
+
+
+def _wrap_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        active = _ACTIVE
+        if active is None or not self.is_enabled():
+            return original(self, optimizer, *args, **kwargs)
+        active.scaler_step(self, optimizer)
+        try:
+            return original(self, optimizer, *args, **kwargs)
+        finally:
+            active.scaler_step_done()
+
+    return step
+
+
+def _wrap_scaler_update(original: Callable[..., Any]) -> Callable[..., Any]:
+    def update(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        if _ACTIVE is not None and self.is_enabled():
+            _ACTIVE.scaler_updated(self)
+        return result
+
+    return update
+
+
+_BACKWARD = SharedPatch(torch.Tensor, "backward", _wrap_backward)
+_SCALER_STEP = SharedPatch(torch.amp.GradScaler, "step", _wrap_scaler_step)
+_SCALER_UPDATE = SharedPatch(torch.amp.GradScaler, "update", _wrap_scaler_update)

@@ -1,0 +1,218 @@
+"""The re-run of one real model call, as ``nan-hunter run`` saw it in a training step.
+
+A ``CapturedCall`` is the outermost call of a model in a step: its ``args``/``kwargs`` (the
+real inputs, by reference), the precision it ran under (autocast on or off, its dtype, the
+parameters' dtype) and, once the backward has run, the gradient that arrived at each of its
+floating outputs. The re-run calls a copy of the model with the very same inputs and drives the
+traced backward with those gradients: its loss is ``sum(output_i * grad_i)``, whose gradient
+with respect to each output is the real one, so no loss function is guessed (when the real
+gradient is not finite anywhere, as after a NaN loss, the scan's default loss is used).
+
+    call = CapturedCall(model, args, kwargs, StepPrecision.now(model, args))
+    call.watch_outputs(output)                         # in the forward hook
+    ...                                                # the script's backward fills call.grads
+    report = rerun_call(call, replay_copy(model), settings, scale=65536.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nan_hunter._nest import leaves
+from nan_hunter.batch import Batch
+from nan_hunter.config import Settings
+from nan_hunter.findings import Report
+
+MAX_GRAPH_NODES = 200_000
+"""Autograd nodes walked, per output, to find outputs computed from other outputs."""
+
+
+@dataclass(frozen=True)
+class StepPrecision:
+    """How a model call ran: autocast on its device (and the dtype), the parameters' dtype."""
+
+    device: str
+    autocast: bool
+    autocast_dtype: torch.dtype | None
+    param_dtype: torch.dtype | None
+
+    @classmethod
+    def now(cls, module: torch.nn.Module, args: tuple[Any, ...]) -> StepPrecision:
+        first = next(module.parameters(), None)
+        if first is None:
+            first = next((x for x in leaves(args) if isinstance(x, torch.Tensor)), None)
+        device = first.device.type if first is not None else "cpu"
+        on = torch.is_autocast_enabled(device)
+        return cls(
+            device=device, autocast=on,
+            autocast_dtype=torch.get_autocast_dtype(device) if on else None,
+            param_dtype=first.dtype if first is not None and first.is_floating_point() else None,
+        )
+
+    def options(self, fp32: bool = True) -> dict[str, Any]:
+        """The scan settings that model this precision; an FP32 step as FP32 with ``fp32``,
+        else with the configured dtype (an FP32 run standing in for an FP16 one)."""
+        if self.autocast and self.autocast_dtype in (torch.float16, torch.bfloat16):
+            name = "float16" if self.autocast_dtype == torch.float16 else "bfloat16"
+            return {"dtype": name, "mode": "autocast", "device": self.device}
+        if self.param_dtype in (torch.float16, torch.bfloat16):
+            name = "float16" if self.param_dtype == torch.float16 else "bfloat16"
+            return {"dtype": name, "mode": "half", "device": self.device}
+        if fp32 and self.param_dtype == torch.float32:  # its NaN is analysed in FP32
+            return {"dtype": "float32", "mode": "half", "device": self.device}
+        return {"device": self.device}
+
+
+@dataclass(eq=False)
+class CapturedCall:
+    """One outermost model call of a training step (mutable: the backward fills ``grads``)."""
+
+    module: torch.nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    precision: StepPrecision
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Output leaf index (``_nest.leaves`` order) -> the gradient that reached that output."""
+    outputs: int = 0
+    """Floating outputs that require a gradient (each got a hook)."""
+    values: list[torch.Tensor] = field(default_factory=list)
+    """Those outputs, detached (kept until the step ends, to tell which call broke)."""
+
+    def watch_outputs(self, output: Any) -> None:
+        """A hook on each floating output that requires a gradient, keeping that gradient."""
+        for index, leaf in enumerate(leaves(output)):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad and (
+                leaf.is_floating_point()
+            ):
+                leaf.register_hook(_Keep(self.grads, index))
+                self.values.append(leaf.detach())
+                self.outputs += 1
+
+    def finite(self) -> bool:
+        """All outputs and kept output gradients finite (host syncs: on a problem only)."""
+        return all(bool(torch.isfinite(t).all()) for t in [*self.values, *self.grads.values()])
+
+
+class _Keep:
+    """A tensor hook storing the gradient under ``index`` (a class: no closure per output)."""
+
+    __slots__ = ("grads", "index")
+
+    def __init__(self, grads: dict[int, torch.Tensor], index: int) -> None:
+        self.grads, self.index = grads, index
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        self.grads[self.index] = grad
+
+
+class OutputGradientLoss:
+    """``loss_fn(output, batch)`` for the re-run: ``sum(output_i * g_i)`` over the outputs that
+    got a gradient in the real step, with ``g_i`` that gradient divided by the loss scale the
+    step ran with (the scan multiplies by it again). Non-finite entries of ``g_i`` are taken as
+    0: the traced forward shows where they came from. An output computed from another kept
+    output (a model returning its loss and the logits it came from) is left out: its gradient
+    already holds the other's share."""
+
+    def __init__(self, grads: dict[int, torch.Tensor], scale: float | None) -> None:
+        divide = scale if scale else 1.0
+        self.grads = {
+            i: torch.nan_to_num(g.detach().float() / divide, nan=0.0, posinf=0.0, neginf=0.0)
+            for i, g in grads.items()
+        }
+
+    @property
+    def usable(self) -> bool:
+        """Some kept gradient has a finite nonzero entry (not so when the loss was NaN)."""
+        return any(bool(g.abs().sum() > 0) for g in self.grads.values())
+
+    def __call__(self, output: Any, batch: Any) -> torch.Tensor:
+        flat = list(leaves(output))
+        used = {i: flat[i] for i in self.grads if i < len(flat)
+                and isinstance(flat[i], torch.Tensor) and flat[i].requires_grad}
+        used = {i: t for i, t in used.items() if not _upstream_of_another(t, used)}
+        if not used:
+            raise ValueError("the re-run's output has no tensor where the real step had one")
+        terms = [
+            (t.float() * self.grads[i].to(t.device).reshape(t.shape)).sum()
+            for i, t in used.items()
+        ]
+        return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
+
+
+def _upstream_of_another(tensor: torch.Tensor, used: dict[int, torch.Tensor]) -> bool:
+    node = tensor.grad_fn
+    if node is None:
+        return False
+    return any(other is not tensor and _reaches(other.grad_fn, node) for other in used.values())
+
+
+def _reaches(start: Any, target: Any) -> bool:
+    seen: set[int] = set()
+    stack = [start]
+    while stack and len(seen) < MAX_GRAPH_NODES:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        if node is target:
+            return True
+        seen.add(id(node))
+        stack.extend(n for n, _ in node.next_functions)
+    return False
+
+
+def pick_call(calls: list[CapturedCall]) -> CapturedCall | None:
+    """The step's call to re-run: the first whose output or output gradient is not finite, else
+    the last (host syncs: called on a problem only)."""
+    if not calls:
+        return None
+    return next((c for c in calls if not c.finite()), calls[-1])
+
+
+PRECISION_KEYS = ("dtype", "mode", "device")
+
+
+def precision_settings(
+    settings: Settings,
+    precision: StepPrecision,
+    given: frozenset[str] | None = None,
+    *,
+    fp32: bool = True,
+) -> Settings:
+    """``settings`` in the precision a call ran under (an FP32 call as FP32 with ``fp32``); a
+    key in ``given`` (None: those set explicitly in ``settings``) is kept as it is."""
+    from nan_hunter.options import explicitly_set
+
+    changes = {
+        k: v for k, v in precision.options(fp32).items()
+        if (k not in given if given is not None else not explicitly_set(settings, k))
+    }
+    if changes.get("mode") == "half" and not explicitly_set(settings, "grad_scale"):
+        changes["grad_scale"] = None  # GradScaler does not unscale FP16 gradients
+    return dataclasses.replace(settings, **changes)
+
+
+def rerun_call(
+    call: CapturedCall,
+    replay: torch.nn.Module,
+    settings: Settings,
+    *,
+    scale: float | None,
+    precision_given: frozenset[str] = frozenset(),
+) -> Report:
+    """Scan ``replay`` (a copy of ``call.module`` with the weights the step ran with) on the
+    call's own inputs, in the precision the step ran under (unless a setting named in
+    ``precision_given`` was set by the user), the backward driven by the real output
+    gradients (the scan's own default loss when none was kept), at the step's loss scale."""
+    from nan_hunter.api import scan
+
+    settings = dataclasses.replace(settings, grad_scale=scale)
+    settings = precision_settings(settings, call.precision, precision_given)
+    if settings.mode == "half":
+        settings = dataclasses.replace(settings, grad_scale=None)
+    batch = Batch(args=call.args, kwargs=call.kwargs, raw=(call.args, call.kwargs))
+    loss_fn = OutputGradientLoss(call.grads, scale)
+    return scan(replay, batch, loss_fn if loss_fn.usable else None, settings=settings)
