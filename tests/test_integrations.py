@@ -154,7 +154,7 @@ def test_watch_takes_accelerates_wrapped_model_optimizer_and_scaler() -> None:
     accelerate = pytest.importorskip("accelerate")
     from accelerate.optimizer import AcceleratedOptimizer
 
-    from nan_hunter.training.replay import replay_copy, unwrap_training_objects
+    from nan_hunter.training.model_copy import replay_copy, unwrap_training_objects
 
     accelerator = accelerate.Accelerator(cpu=True)
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nan_hunter.training.rerun import CapturedCall, OutputGradientLoss, StepPrecision
+from nan_hunter.training.rerun import ModelCall, OutputGradientLoss, StepPrecision
 
 
 def test_output_gradient_loss_gives_back_the_real_gradient_divided_by_the_scale() -> None:
@@ -38,7 +38,7 @@ def test_a_captured_call_keeps_the_gradient_that_reached_each_output() -> None:
     x = torch.randn(5, 3)
     out = model(x)
     tripled = out * 3
-    call = CapturedCall(model, (x,), {}, StepPrecision.now(model, (x,)))
+    call = ModelCall(model, (x,), {}, StepPrecision.now(model, (x,)))
     call.watch_outputs((out, "not a tensor", {"again": tripled}))
     (out.sum() * 2 + tripled.sum()).backward()
     assert sorted(call.grads) == [0, 2] and call.outputs == 2

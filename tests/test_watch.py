@@ -629,7 +629,7 @@ def test_fsdp_sharded_module_is_rerun_from_the_gathered_state() -> None:
         pytest.skip("needs FSDP2 and gloo")
     from torch.distributed.device_mesh import init_device_mesh
 
-    from nan_hunter.training.replay import sharded
+    from nan_hunter.training.model_copy import sharded
 
     def build() -> nn.Module:
         return nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))

@@ -21,7 +21,7 @@ from nan_hunter.runner import default_loss
 from nan_hunter.safe_write import write_file
 from nan_hunter.training.distributed import current_ranks, rank_path
 from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
-from nan_hunter.training.verdict import Reason
+from nan_hunter.training.step_verdict import Reason
 
 
 def model_loss(output: Any, batch: Any) -> torch.Tensor:
@@ -216,7 +216,7 @@ def preflight_scan(
     """Scan a copy of ``module`` on ``batch`` as it will run under CUDA FP16 autocast (on the
     CPU, emulated): the user's module, wherever it lives, is not touched."""
     from nan_hunter.api import scan
-    from nan_hunter.training.replay import replay_copy
+    from nan_hunter.training.model_copy import replay_copy
 
     replay = replay_copy(module)
     if rerun_as is not None:

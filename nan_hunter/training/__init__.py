@@ -17,8 +17,8 @@ from nan_hunter.training.events import (
     WatchEvent,
     summary_line,
 )
+from nan_hunter.training.step_verdict import Reason
 from nan_hunter.training.steps import DEFAULT_LR, run_steps
-from nan_hunter.training.verdict import Reason
 from nan_hunter.training.watcher import Watcher, watch
 
 __all__ = [

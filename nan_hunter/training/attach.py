@@ -6,7 +6,7 @@ training loop only through torch's public global hooks and two methods of ``Grad
 - ``register_module_forward_pre_hook``/``register_module_forward_hook``: the outermost call of
   a module with trainable parameters, while gradients are enabled, is the model call of the
   step; its inputs are kept by reference and a hook on each floating output keeps the gradient
-  that reaches it (``rerun.CapturedCall``). Calls inside it cost one counter update each.
+  that reaches it (``rerun.ModelCall``). Calls inside it cost one counter update each.
 - ``Tensor.backward`` (wrapped): the tensor it is called on is the step's loss.
 - ``register_optimizer_step_pre_hook``: without a GradScaler, the step boundary: the loss and
   the gradients about to be applied are checked there (one host sync); with one, only the loss
@@ -53,9 +53,9 @@ from nan_hunter.training.distributed import (
     current_ranks,
     scanning_ranks,
 )
-from nan_hunter.training.replay import replay_copy, sharded
-from nan_hunter.training.rerun import CapturedCall, StepPrecision, pick_call, rerun_call
-from nan_hunter.training.verdict import Problem, Reason, step_verdict
+from nan_hunter.training.model_copy import replay_copy, sharded
+from nan_hunter.training.rerun import ModelCall, StepPrecision, pick_call, rerun_call
+from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 
 MAX_CALLS = 64
 """Model calls kept per optimizer step (gradient accumulation); the oldest are dropped."""
@@ -117,7 +117,7 @@ class ScriptWatch:
         self.events: list[RunEvent] = []
         self.optimizers_seen = 0
         self._optimizers: set[int] = set()
-        self._calls: list[CapturedCall] = []
+        self._calls: list[ModelCall] = []
         self._losses: list[torch.Tensor] = []
         self._local = threading.local()
         self._busy = False
@@ -195,7 +195,7 @@ class ScriptWatch:
         self._local.pending = None
         if output is None:
             return  # the forward raised (always_call)
-        call = CapturedCall(module, args, dict(kwargs), pending[1])
+        call = ModelCall(module, args, dict(kwargs), pending[1])
         call.watch_outputs(output)
         if call.outputs:
             self._calls.append(call)
@@ -428,7 +428,7 @@ class ScriptWatch:
             self.events.append(event)
         self.on_problem(event)
 
-    def _pick_call(self, optimizer: Any) -> CapturedCall | None:
+    def _pick_call(self, optimizer: Any) -> ModelCall | None:
         """The step's model call: of a module whose parameters the optimizer updates, the
         first whose output or output gradient is not finite, else the last."""
         calls = self._calls

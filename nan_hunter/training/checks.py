@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from nan_hunter.trace.stats import finite_flag
-from nan_hunter.training.verdict import Problem, Reason
+from nan_hunter.training.step_verdict import Problem, Reason
 
 __all__ = [
     "ScaleWatch", "bad_grad_names", "finite_flag", "grads_finite_flag", "params_finite",

@@ -7,7 +7,7 @@ from typing import Literal
 
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Report
-from nan_hunter.training.verdict import Reason
+from nan_hunter.training.step_verdict import Reason
 
 OnProblem = Literal["report", "raise", "stop"]
 ON_PROBLEM: tuple[OnProblem, ...] = ("report", "raise", "stop")

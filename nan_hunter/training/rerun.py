@@ -1,6 +1,6 @@
 """The re-run of one real model call, as ``nan-hunter run`` saw it in a training step.
 
-A ``CapturedCall`` is the outermost call of a model in a step: its ``args``/``kwargs`` (the
+A ``ModelCall`` is the outermost call of a model in a step: its ``args``/``kwargs`` (the
 real inputs, by reference), the precision it ran under (autocast on or off, its dtype, the
 parameters' dtype) and, once the backward has run, the gradient that arrived at each of its
 floating outputs. The re-run calls a copy of the model with the very same inputs and drives the
@@ -8,7 +8,7 @@ traced backward with those gradients: its loss is ``sum(output_i * grad_i)``, wh
 with respect to each output is the real one, so no loss function is guessed (when the real
 gradient is not finite anywhere, as after a NaN loss, the scan's default loss is used).
 
-    call = CapturedCall(model, args, kwargs, StepPrecision.now(model, args))
+    call = ModelCall(model, args, kwargs, StepPrecision.now(model, args))
     call.watch_outputs(output)                         # in the forward hook
     ...                                                # the script's backward fills call.grads
     report = rerun_call(call, replay_copy(model), settings, scale=65536.0)
@@ -68,7 +68,7 @@ class StepPrecision:
 
 
 @dataclass(eq=False)
-class CapturedCall:
+class ModelCall:
     """One outermost model call of a training step (mutable: the backward fills ``grads``)."""
 
     module: torch.nn.Module
@@ -164,7 +164,7 @@ def _reaches(start: Any, target: Any) -> bool:
     return False
 
 
-def pick_call(calls: list[CapturedCall]) -> CapturedCall | None:
+def pick_call(calls: list[ModelCall]) -> ModelCall | None:
     """The step's call to re-run: the first whose output or output gradient is not finite, else
     the last (host syncs: called on a problem only)."""
     if not calls:
@@ -196,7 +196,7 @@ def precision_settings(
 
 
 def rerun_call(
-    call: CapturedCall,
+    call: ModelCall,
     replay: torch.nn.Module,
     settings: Settings,
     *,

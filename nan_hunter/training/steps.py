@@ -20,7 +20,7 @@ from nan_hunter.progress import announce
 from nan_hunter.runner import default_loss
 from nan_hunter.training.checks import ScaleWatch, bad_grad_names, grads_finite_flag
 from nan_hunter.training.events import StepsResult
-from nan_hunter.training.verdict import step_verdict
+from nan_hunter.training.step_verdict import step_verdict
 
 DEFAULT_LR = 1e-3
 """Adam's learning rate in ``run_steps`` when neither the call nor the settings give one."""

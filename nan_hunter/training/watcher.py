@@ -72,20 +72,20 @@ from nan_hunter.training.events import (
     WatchEvent,
     summary_line,
 )
-from nan_hunter.training.replay import (
+from nan_hunter.training.model_copy import (
     full_state,
     replay_copy,
     sharded,
     unwrap_training_objects,
 )
 from nan_hunter.training.rerun import (
-    CapturedCall,
+    ModelCall,
     OutputGradientLoss,
     StepPrecision,
     pick_call,
     precision_settings,
 )
-from nan_hunter.training.verdict import Problem, Reason, step_verdict
+from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 
 log = logging.getLogger("nan_hunter")
 
@@ -199,7 +199,7 @@ class Watcher:
             else None
         )
         self._handles: list[RemovableHandle | _KeeperHandle] = []
-        self._calls: list[CapturedCall] = []
+        self._calls: list[ModelCall] = []
         """The model's calls since the last ``w.step`` (hook installed by ``with watch``)."""
         self._busy = False
         self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
@@ -319,7 +319,7 @@ class Watcher:
         from the backward, the gradient at its outputs."""
         if self._busy or not torch.is_grad_enabled():
             return
-        call = CapturedCall(module, args, dict(kwargs), StepPrecision.now(module, args))
+        call = ModelCall(module, args, dict(kwargs), StepPrecision.now(module, args))
         call.watch_outputs(output)
         if call.outputs:
             self._calls.append(call)
