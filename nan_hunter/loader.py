@@ -8,6 +8,9 @@ The file (a path, or ``pkg.module``) defines ``build_model()``, ``sample_batch()
 A model wrapped by ``torch.compile`` (an ``OptimizedModule``, the original in ``_orig_mod``) or by
 ``DataParallel``/``DistributedDataParallel`` (the original in ``.module``) is unwrapped: the scan
 traces the original module's eager code, and ``Target.unwrapped`` says which wrappers were removed.
+
+One concept, one file (about 500 lines): everything between a path on the command line and a
+``Target`` whose every part came from the user's code, with whose error each failure is.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ removed on exit.
 Under ``torch.distributed`` (a process group with more than one rank) every ``w.step()`` call
 ends with one all-reduce of a small flag vector, so all ranks agree on "problem at this step";
 see ``nan_hunter.training.distributed``.
+
+One concept, one file (``Watcher``'s state is shared by its hooks, its per-step check and its
+re-run, so they stay together); what ``run`` attaches to a script is ``training.attach``, the
+re-run of a real call ``training.rerun``, the copy it runs on ``training.model_copy``.
 """
 
 from __future__ import annotations
