@@ -87,7 +87,7 @@ class LowPrecisionEmulation(TorchDispatchMode):
         self.emulated = 0
         """How many op calls were emulated (for tests and benchmarks)."""
         self._decisions: dict[torch._ops.OpOverload, bool] = {}
-        self.heap = heap.HeapTrimmer(heap.BACKWARD_TRIM_BYTES)
+        self.heap = heap.HeapTrimmer(heap.backward_trim_bytes())
         """Trims the heap as the backward's FP32 temporaries add up (``precision.heap``)."""
         self._upcasts = _NodeUpcasts()
 
