@@ -75,12 +75,22 @@ def run_once(
     return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def _spread(values: list[float]) -> str:
+    """Median [min-max] of per-run ratios (each run's variants ran back to back)."""
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--model", default="examples/matrix_inverse.py")
     parser.add_argument("--baseline", type=Path, help="a checkout (nan_hunter/ and configs/)")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process")
+    parser.add_argument("--no-in-process", action="store_true",
+                        help="leave out the in-process variant (large models: it halves the "
+                        "time of a run)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="skip the untimed first round (it only warms the file cache)")
     options = parser.parse_args()
     if options.threads:
         os.environ["OMP_NUM_THREADS"] = str(options.threads)
@@ -88,10 +98,11 @@ def main() -> None:
     baseline = options.baseline.resolve() if options.baseline else None
     if baseline is not None and not (baseline / "nan_hunter").is_dir():
         raise SystemExit(f"--baseline: no nan_hunter package in {baseline}")
-    variants = ["fp32", "in-process", "child", *(["base"] if baseline else [])]
+    variants = ["fp32", *([] if options.no_in_process else ["in-process"]), "child",
+                *(["base"] if baseline else [])]
     times: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="nh-isolation-") as cwd:
-        for variant in variants:
+        for variant in [] if options.no_warm_up else variants:
             run_once(model, variant, baseline, cwd)  # warm the file cache
         for i in range(options.runs):
             order = variants[i % len(variants):] + variants[: i % len(variants)]
@@ -104,11 +115,12 @@ def main() -> None:
     for k, what, unit in ((0, "wall", "s"), (1, "cpu", "s"), (2, "peak RSS", "MiB")):
         median = {v: statistics.median(t[k] for t in times[v]) for v in variants}
         line = ", ".join(f"{v} {median[v]:.2f} {unit}" for v in variants)
-        ratios = f"child/in-process {median['child'] / median['in-process']:.2f}"
-        ratios += f", child/fp32 {median['child'] / median['fp32']:.2f}"
-        if baseline is not None:
-            ratios += f", child/base {median['child'] / median['base']:.2f}"
-        print(f"{what}: median {line}; {ratios}")
+        pairs = [("child", "fp32"), ("child", "base"), ("child", "in-process")]
+        ratios = "; ".join(
+            f"{a}/{b} {_spread([x[k] / y[k] for x, y in zip(times[a], times[b], strict=True)])}"
+            for a, b in pairs if b in times
+        )
+        print(f"{what}: median {line}; per run {ratios}")
 
 
 if __name__ == "__main__":

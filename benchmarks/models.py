@@ -189,6 +189,61 @@ def build_depth32(quick: bool = False) -> Built:
     return _depth(32, quick)
 
 
+class OwnLoss(nn.Module):
+    """A transformers causal LM with its own loss: ``forward(input_ids)`` returns the model's
+    language-modelling loss on its own input (``labels=input_ids``, shifted inside the model),
+    so the default loss of the scan and of ``forward_backward`` (the mean of the floating
+    outputs) is that loss, nothing added."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=input_ids, labels=input_ids).loss
+
+
+def _causal_lm(config: object, seed: int, vocab: int, batch: int, tokens: int) -> Built:
+    """A transformers causal LM built from ``config`` with random weights (no download)."""
+    from transformers import AutoModelForCausalLM
+
+    _seeded(seed)
+    lm = AutoModelForCausalLM.from_config(config)
+    model = OwnLoss(lm)
+    model.train()
+    return model, torch.randint(0, vocab, (batch, tokens))
+
+
+def build_gpt2_medium(quick: bool = False) -> Built:
+    """GPT-2 medium's shape, random weights: 24 layers of n_embd 1024, 16 heads, vocabulary
+    50257 (355M parameters), 2 x 128 tokens, its own LM loss. ``quick``: 2 layers of 64,
+    vocabulary 1000, 2 x 16 tokens."""
+    from transformers import GPT2Config
+
+    if quick:
+        config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=64)
+        return _causal_lm(config, 4, 1000, 2, 16)
+    config = GPT2Config(n_embd=1024, n_layer=24, n_head=16, vocab_size=50257, n_positions=1024)
+    return _causal_lm(config, 4, 50257, 2, 128)
+
+
+def build_llama_200m(quick: bool = False) -> Built:
+    """A Llama shape of 210M parameters, random weights: 12 layers of hidden 1024, 16 heads,
+    MLP 2560, vocabulary 32000, untied head, 2 x 128 tokens, its own LM loss. ``quick``: 2
+    layers of 64, vocabulary 1000, 2 x 16 tokens."""
+    from transformers import LlamaConfig
+
+    if quick:
+        config = LlamaConfig(hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=4, vocab_size=1000,
+                             max_position_embeddings=64)
+        return _causal_lm(config, 5, 1000, 2, 16)
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2560, num_hidden_layers=12,
+                         num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                         max_position_embeddings=512)
+    return _causal_lm(config, 5, 32000, 2, 128)
+
+
 BUILDERS: dict[str, Callable[[bool], Built]] = {
     "transformer": build_transformer,
     "transformer-nh402": build_transformer_nh402,
@@ -197,6 +252,8 @@ BUILDERS: dict[str, Callable[[bool], Built]] = {
     "depth8": build_depth8,
     "depth16": build_depth16,
     "depth32": build_depth32,
+    "gpt2-medium": build_gpt2_medium,
+    "llama-200m": build_llama_200m,
 }
 
 DEPTHS: dict[str, int] = {"depth4": 4, "depth8": 8, "depth16": 16, "depth32": 32}

@@ -10,6 +10,7 @@ that before and after are measured side by side under the same load.
     python benchmarks/speed.py --models transformer ophavy --baseline /work/main
     python benchmarks/speed.py --models depth --clock cpu       # depth 4..32, linear fit
     python benchmarks/speed.py --models batch                   # batch 1..16, linear fit
+    python benchmarks/speed.py --models large --threads 1 --reps 3   # GPT-2 medium, Llama 210M
     python benchmarks/speed.py --device cuda                    # on a GPU: vs a CUDA AMP step
 
 ``--clock cpu`` (the default on a CPU) times with this process's CPU time: on a machine shared
@@ -44,9 +45,11 @@ from overhead import _linear_fit, _peak_mib, _reset_peak_rss, forward_backward
 DEPTHS = (4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8, 16)
 READ_BACKS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__")
-TARGETS = {"transformer": 1.3, "ophavy": 3.0}
-"""The issue's targets: scan time / plain FP32 forward + backward."""
-MEMORY_TARGETS = {"transformer": 1.3}
+LARGE = ("gpt2-medium", "llama-200m")
+"""Real-size language models from transformers configs (random weights, their own LM loss)."""
+TARGETS = {"transformer": 1.3, "ophavy": 3.0, "gpt2-medium": 1.3, "llama-200m": 1.3}
+"""The issues' targets: scan time / plain FP32 forward + backward."""
+MEMORY_TARGETS = {"transformer": 1.3, "gpt2-medium": 1.3, "llama-200m": 1.3}
 """... and the scan's peak memory / that of the plain FP32 forward + backward."""
 
 
@@ -67,6 +70,8 @@ def expand(models: list[str]) -> list[str]:
             names += [f"depth{d}" for d in DEPTHS]
         elif m == "batch":
             names += [f"batch{b}" for b in BATCHES]
+        elif m == "large":
+            names += LARGE
         else:
             names.append(m)
     return names
@@ -294,8 +299,9 @@ def scaling(results: list[dict[str, Any]], prefix: str, label: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--models", nargs="+", default=["transformer", "ophavy"],
-                        help="transformer, transformer-nh402, ophavy, depth (4..32), "
-                        "batch (1..16), or single depthN/batchN (default: transformer ophavy)")
+                        help="transformer, transformer-nh402, ophavy, gpt2-medium, llama-200m, "
+                        "large (both), depth (4..32), batch (1..16), or single depthN/batchN "
+                        "(default: transformer ophavy)")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (default 5)")
     parser.add_argument("--quick", action="store_true", help="small models, 2 reps")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

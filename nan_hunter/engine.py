@@ -30,6 +30,7 @@ from nan_hunter.options import explicitly_set
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import BF16, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
+from nan_hunter.precision.heap import large_blocks_from_heap
 from nan_hunter.precision.loss_scale import back_off
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.progress import announce
@@ -43,11 +44,15 @@ def scan_target(target: Target, settings: Settings) -> Report:
     # The random state is the caller's: a scan draws dropout masks, and leaves it as it was.
     # Autograd's anomaly detection (often on while a user hunts a NaN) would raise on the very
     # NaN gradients the scan analyses: off during the passes, the user's setting restored after.
+    # Blocks of 32 MiB and more come from the heap meanwhile, reused instead of mapped and
+    # faulted in again at each op (``large_blocks_from_heap``: a large model's weight-sized
+    # copies); glibc's defaults come back after.
     # Gradients are on for the passes, whatever the caller's mode (a scan called inside
     # torch.no_grad() or torch.inference_mode(), a model file that turns them off at import):
     # the backward is half of what a scan checks.
     with (
         fewer_collections(),
+        large_blocks_from_heap(),
         _random_state_kept(),
         torch.autograd.set_detect_anomaly(False),
         torch.inference_mode(False),

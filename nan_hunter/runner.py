@@ -23,7 +23,7 @@ from nan_hunter.location import SourceLocation
 from nan_hunter.model_state import ModelState, cast_model, to_dtype
 from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord, UnmeasuredGradient
-from nan_hunter.precision.heap import trim_heap
+from nan_hunter.precision.heap import trim_heap, trims_paced_by
 from nan_hunter.trace.deferred import StaleStatistics
 from nan_hunter.trace.device_queries import CudaQueries
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
@@ -480,7 +480,11 @@ class _TracedForward:
             if gradients is not None:
                 gradients.watch(params, every=self._every_histogram)
             hooks = tracer.backward_hooks() if events else contextlib.nullcontext()
-            with modules, self._numerics(gradients), hooks, user_errors(modules, "backward"):
+            weights = sum(p.numel() * p.element_size() for p in params)
+            with (
+                modules, trims_paced_by(weights), self._numerics(gradients), hooks,
+                user_errors(modules, "backward"),
+            ):
                 grads = torch.autograd.grad(  # passes the call on
                     scaled, params, allow_unused=True, retain_graph=retain
                 )

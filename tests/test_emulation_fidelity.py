@@ -96,6 +96,32 @@ def test_relabelling_ops_run_on_the_real_kernels() -> None:
     assert torch.equal(flipped, torch.flip(a, (1,))) and torch.equal(rolled, torch.roll(a, 3, 2))
 
 
+def test_attention_without_dropout_is_emulated_forward_and_backward() -> None:
+    """``F.scaled_dot_product_attention`` on a CPU (its flash kernel): the forward, with its
+    logsumexp kept in FP32 as the kernel returns it, and the backward, which reads that FP32
+    logsumexp beside its FP16 inputs, run in FP32 and are rounded; the same values as the FP32
+    kernels on the rounded inputs. With dropout the forward draws random numbers: left to the
+    real kernel."""
+    from torch.nn import functional as F
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).half().requires_grad_() for _ in range(3))
+    with LowPrecisionEmulation() as mode:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grads = torch.autograd.grad(out, [q, k, v], torch.ones_like(out))
+    assert mode.emulated == 2 and out.dtype == torch.float16
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
+    assert torch.equal(out, ref.half())
+    assert all(g.dtype == torch.float16 for g in grads)
+    ref_grads = torch.autograd.grad(ref, [q32, k32, v32], torch.ones_like(ref))
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(got.float(), want, atol=2e-3, rtol=2e-3)
+    with LowPrecisionEmulation() as mode:
+        F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert mode.emulated == 0
+
+
 def test_an_embeddings_gradient_sums_repeated_ids_in_fp32_as_cuda_does() -> None:
     """CUDA's embedding backward sums the gradient rows of a repeated id in FP32 and rounds the
     sum once; the CPU's FP16 kernel adds them in FP16, where 2048 + 1 is 2048. Emulated, the

@@ -78,13 +78,13 @@ def test_the_trimmer_trims_each_time_its_bytes_add_up(monkeypatch: pytest.Monkey
 def test_the_emulated_backward_trims_as_its_temporaries_add_up_and_the_forward_does_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Paced by the FP32 temporaries of the emulated backward: with a threshold of one byte,
+    """Paced by the FP32 temporaries of the emulated backward: with a period of one byte,
     every emulated backward op trims; the forward's ops never do (its holes go at once, in
     the one trim before the backward)."""
     from nan_hunter.precision import emulation
 
     phases: list[str] = []
-    monkeypatch.setattr(heap, "BACKWARD_TRIM_BYTES", 1)
+    monkeypatch.setattr(heap, "backward_trim_bytes", lambda: 1)
     monkeypatch.setattr(
         heap, "_malloc_trim",
         lambda pad: phases.append(
@@ -103,6 +103,45 @@ def test_the_emulated_backward_trims_as_its_temporaries_add_up_and_the_forward_d
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
     assert scan(model, torch.randn(4, 8)).status == "clean"
+    # ... and once after the scan (``large_blocks_from_heap``: its free pages go back)
+    assert phases[-1] == "forward"
+    phases.pop()
     assert phases[0] == "before backward" and "forward" not in phases
     backward_trims = sum(m.heap.trims for m in emulated)
     assert backward_trims == phases.count("backward") >= 4  # two matmuls' worth, at least
+
+
+@pytest.mark.skipif(heap._mallopt is None, reason="not glibc")
+def test_large_blocks_come_from_the_heap_during_a_scan_and_the_defaults_come_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Within the block (nested: the outermost one restores) no block is mapped on its own and
+    ``free`` leaves the heap's top; after it, glibc's defaults and one trim."""
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(heap, "_mallopt", lambda param, value: calls.append((param, value)) or 1)
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "_malloc_trim", lambda pad: trims.append(pad) or 1)
+    with heap.large_blocks_from_heap() as applied:
+        with heap.large_blocks_from_heap():
+            assert calls == [(heap._M_MMAP_MAX, 0), (heap._M_TRIM_THRESHOLD, heap._NO_TRIM)]
+        assert applied and len(calls) == 2 and not trims
+    assert calls[2:] == [
+        (heap._M_MMAP_MAX, heap._DEFAULT_MMAP_MAX),
+        (heap._M_TRIM_THRESHOLD, heap._DEFAULT_TRIM_THRESHOLD),
+    ]
+    assert trims == [0]
+
+
+def test_a_large_model_trims_its_backward_once_per_weights_worth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The backward's trim period is the model's parameter bytes where they pass
+    ``BACKWARD_TRIM_BYTES`` (its temporaries are weight-sized), and that value elsewhere."""
+    monkeypatch.setattr(heap, "BACKWARD_TRIM_BYTES", 100)
+    assert heap.backward_trim_bytes() == 100
+    with heap.trims_paced_by(1000):
+        assert heap.backward_trim_bytes() == 1000
+        with heap.trims_paced_by(10):
+            assert heap.backward_trim_bytes() == 100
+        assert heap.backward_trim_bytes() == 1000
+    assert heap.backward_trim_bytes() == 100

@@ -86,8 +86,9 @@ class LowPrecisionEmulation(TorchDispatchMode):
         """Where to log what rounding does to gradients (during a backward), if anywhere."""
         self.emulated = 0
         """How many op calls were emulated (for tests and benchmarks)."""
-        self._decisions: dict[torch._ops.OpOverload, bool] = {}
-        self.heap = heap.HeapTrimmer(heap.BACKWARD_TRIM_BYTES)
+        self._decisions: dict[torch._ops.OpOverload, bool | int] = {}
+        """Per op: emulated or not, or the position of its ``dropout_p`` (emulated at 0)."""
+        self.heap = heap.HeapTrimmer(heap.backward_trim_bytes())
         """Trims the heap as the backward's FP32 temporaries add up (``precision.heap``)."""
         self._upcasts = _NodeUpcasts()
 
@@ -105,7 +106,10 @@ class LowPrecisionEmulation(TorchDispatchMode):
         values = (chain(args, kwargs.values()) if kwargs else args) if flat else (
             call_leaves(args, kwargs)
         )
-        if not self._eligible_op(func) or not _all_low(values, self.low):
+        fp32_stats = _FP32_STATS_INPUTS.get(func)
+        if fp32_stats is not None and fp32_stats < len(args):  # read in FP32, as the kernel's
+            values = chain(args[:fp32_stats], args[fp32_stats + 1 :], kwargs.values())
+        if not self._eligible_op(func, args, kwargs) or not _all_low(values, self.low):
             out = func(*args, **kwargs)  # passes the call on
             if log is not None and args and _same_shape_tensors(args[0], out):
                 if args[0].dtype == torch.float32 and out.dtype == self.low:
@@ -159,12 +163,16 @@ class LowPrecisionEmulation(TorchDispatchMode):
         self._upcasts.clear()
         super().__exit__(*exc)
 
-    def _eligible_op(self, func: torch._ops.OpOverload) -> bool:
+    def _eligible_op(
+        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
         decision = self._decisions.get(func)
         if decision is None:
             decision = _emulable(func)
             self._decisions[func] = decision
-        return decision
+        if decision is True or decision is False:
+            return decision
+        return _without_dropout(func, decision, args, kwargs)
 
 
 class _NodeUpcasts:
@@ -281,6 +289,28 @@ def _fp32_outputs(func: torch._ops.OpOverload, args: tuple[Any, ...]) -> frozens
 _STATS_IN_FP32: dict[Any, frozenset[int]] = {}
 if hasattr(aten, "_fused_rms_norm"):
     _STATS_IN_FP32[aten._fused_rms_norm.default] = frozenset({1})
+_FP32_STATS_INPUTS: dict[Any, int] = {}
+"""Ops whose argument at this position is such an FP32 output, read back in FP32 (the other
+floating inputs low): emulated all the same."""
+if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+    # The CPU flash attention (``F.scaled_dot_product_attention``'s kernel on a CPU) returns
+    # its logsumexp in FP32 for FP16 inputs, as CUDA's does, and its backward reads it back.
+    # Left to the real kernels, an FP16 attention's backward took 10x the FP32 one (a 210M
+    # Llama: 0.82 of its scan's 5.1 s).
+    _STATS_IN_FP32[aten._scaled_dot_product_flash_attention_for_cpu.default] = frozenset({1})
+    _FP32_STATS_INPUTS[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = 5
+
+
+def _without_dropout(
+    func: torch._ops.OpOverload, at: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
+    """Whether a call of an op with a ``dropout_p`` (at position ``at``) asks for none: it then
+    draws no random numbers, and is emulated."""
+    if at < len(args):
+        p = args[at]
+    else:
+        p = kwargs.get("dropout_p", func._schema.arguments[at].default_value)
+    return isinstance(p, (int, float)) and p == 0
 
 
 def explicit_dtype(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> (
@@ -333,7 +363,9 @@ def _lacks_low_precision(name: str) -> bool:
     return base in _NO_LOW_PRECISION or base.startswith(("linalg_", "_linalg_"))
 
 
-def _emulable(func: torch._ops.OpOverload) -> bool:
+def _emulable(func: torch._ops.OpOverload) -> bool | int:
+    """Whether ``func`` is emulated; for an op whose only randomness is a ``dropout_p``
+    (attention), the position of that argument: emulated when it is 0."""
     if func in _NATIVE or _lacks_low_precision(func._schema.name):
         return False
     schema = func._schema
@@ -341,6 +373,9 @@ def _emulable(func: torch._ops.OpOverload) -> bool:
         return False
     if any(r.alias_info is not None for r in schema.returns):
         return False
-    if torch.Tag.nondeterministic_seeded in func.tags:
+    if not any(str(r.type) in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns):
         return False
-    return any(str(r.type) in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns)
+    dropout = next((i for i, a in enumerate(schema.arguments) if a.name == "dropout_p"), None)
+    if torch.Tag.nondeterministic_seeded in func.tags or dropout is not None:
+        return dropout if dropout is not None else False
+    return True
