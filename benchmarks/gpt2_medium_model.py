@@ -5,19 +5,6 @@ against a plain FP32 step of the same file
 
 from __future__ import annotations
 
-import torch
-from models import BUILDERS
+from models import model_file
 
-_built: dict[str, torch.Tensor] = {}
-
-
-def build_model() -> torch.nn.Module:
-    model, batch = BUILDERS["gpt2-medium"](False)
-    _built["batch"] = batch
-    return model
-
-
-def sample_batch() -> torch.Tensor:
-    if "batch" not in _built:
-        build_model()
-    return _built["batch"]
+build_model, sample_batch = model_file("gpt2-medium")

@@ -263,3 +263,21 @@ DEPTHS: dict[str, int] = {"depth4": 4, "depth8": 8, "depth16": 16, "depth32": 32
 def quick_layers(name: str) -> int:
     """Layers of a depth model under ``--quick``."""
     return max(1, DEPTHS[name] // 4)
+
+
+def model_file(name: str) -> tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor]]:
+    """``build_model`` and ``sample_batch`` of a model file for ``BUILDERS[name]`` at full size:
+    the batch is the one built with the model (built on first use by either)."""
+    built: dict[str, torch.Tensor] = {}
+
+    def build_model() -> torch.nn.Module:
+        model, batch = BUILDERS[name](False)
+        built["batch"] = batch
+        return model
+
+    def sample_batch() -> torch.Tensor:
+        if "batch" not in built:
+            build_model()
+        return built["batch"]
+
+    return build_model, sample_batch
