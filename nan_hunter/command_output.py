@@ -42,6 +42,17 @@ def internal_error(exc: BaseException) -> str:
     return f"internal error: {summary} (use --debug for a traceback)"
 
 
+def error_line(exc: Exception, debug: bool) -> tuple[str, str]:
+    """The one line an error ends in, and what the model's code printed before it (a failed
+    scan process's output); a bug of ours (not a ``NanHunterError``) is re-raised as it is
+    with ``--debug``."""
+    if isinstance(exc, NanHunterError):
+        return str(exc), getattr(exc, "output", "")
+    if debug:
+        raise exc
+    return internal_error(exc), ""
+
+
 def absolute(path: Path | None) -> Path | None:
     return None if path is None else Path(os.path.abspath(path))
 

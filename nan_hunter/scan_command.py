@@ -7,36 +7,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import typer
 
-from nan_hunter.choices import OutputFormat
-from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
 from nan_hunter.command_output import (
-    absolute,
-    emit,
+    error_line,
     fail,
-    internal_error,
     read_files,
     refuse_overwrite,
-    rendered,
-    write,
 )
 from nan_hunter.errors import NanHunterError
 from nan_hunter.scan_job import ScanJob, scan_job
-from nan_hunter.terminal import ColorChoice
+from nan_hunter.scan_output import Output, show_reports
 from nan_hunter.untrusted import echoed, shown_lines
 
 if TYPE_CHECKING:
-
     from nan_hunter.config import Settings
     from nan_hunter.findings import Failed, Report
-
-T = TypeVar("T")
 
 
 SETTING_FLAGS = {
@@ -52,21 +42,6 @@ JOB_FLAGS = frozenset(
     f.name for f in dataclasses.fields(ScanJob) if f.name not in ("path", "settings")
 )
 """Flags that say what each model file's scan process runs (``nan_hunter.scan_job.ScanJob``)."""
-
-
-@dataclass(frozen=True)
-class Output:
-    """Flags that say how the reports are shown and where they go."""
-
-    output_format: OutputFormat = OutputFormat.text
-    output: Path | None = None
-    patch: Path | None = None
-    diff: bool = False
-    range_map: bool = False
-    color: ColorChoice = ColorChoice.auto
-    no_color: bool = False
-    quiet: bool = False
-    exit_zero: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +61,7 @@ class ScanCommand:
     def partition(cls, flags: dict[str, object]) -> ScanCommand:
         """Split the command's parsed flags (as typer passes them) by where each goes; a flag
         that goes nowhere is a bug of ours."""
+
         def plain(value: object) -> object:
             return getattr(value, "value", value)  # an enum choice -> its setting's value
 
@@ -99,7 +75,7 @@ class ScanCommand:
             config=flags["config"],  # type: ignore[arg-type]
             overrides={key: plain(flags[f]) for f, key in SETTING_FLAGS.items()},
             job={f: flags[f] for f in JOB_FLAGS},
-            output=Output(**{f: flags[f] for f in outputs}),  # type: ignore[arg-type]
+            output=Output.of({f: flags[f] for f in outputs}),
             timeout=flags["timeout"],  # type: ignore[arg-type]
             debug=bool(flags["debug"]) or bool(os.environ.get("NAN_HUNTER_DEBUG")),
         )
@@ -108,23 +84,13 @@ class ScanCommand:
 def run_scan(command: ScanCommand) -> None:
     """Settings, then one scan process per model file, then the report: always ends in
     ``typer.Exit`` with the exit code."""
-    shown = command.output
-    # Resolved now, against the folder nan-hunter was started in: the model's code may chdir.
-    # "-o -" is standard output, as without -o.
-    output = absolute(None if str(shown.output) == "-" else shown.output)
-    patch = absolute(shown.patch)
-    settings, files, inputs = _prepare(command, output, patch)
+    settings, files, inputs = _prepare(command)
     reports, failed = _scan_files(command, settings, files, inputs)
-    try:  # nothing written over a file the scan imported (the model's package, its siblings)
-        refuse_overwrite(output, patch, inputs)
-    except NanHunterError as exc:
-        raise fail(str(exc)) from None
-    _show(reports, failed, settings, shown, output, patch, unsafe=bool(command.job["unsafe_fixes"]))
+    unsafe = bool(command.job["unsafe_fixes"])
+    raise show_reports(reports, failed, settings, command.output, inputs, unsafe=unsafe)
 
 
-def _prepare(
-    command: ScanCommand, output: Path | None, patch: Path | None
-) -> tuple[Settings, list[str], dict[str, str]]:
+def _prepare(command: ScanCommand) -> tuple[Settings, list[str], dict[str, str]]:
     """The settings, the model files and the files the scan reads (never written over)."""
     from nan_hunter.config import DEFAULT_CONFIG, load_settings
     from nan_hunter.discovery import discover, search_start
@@ -138,19 +104,16 @@ def _prepare(
             raise NanHunterError("--steps cannot be combined with --fix or --fix-all")
         batch_fn = job["batch_fn"] if job["batch_file"] is None else None
         files = expand_paths(command.paths, job["model_fn"], batch_fn)  # type: ignore[arg-type]
-        if len(files) > 1 and (command.output.diff or patch is not None):
+        shown = command.output
+        if len(files) > 1 and (shown.diff or shown.patch is not None):
             raise NanHunterError("--diff and --patch take one model file, not several")
         read = [DEFAULT_CONFIG, *([project.path] if project is not None else [])]
         inputs = read_files(
             files, job["weights"], job["batch_file"], command.config, read  # type: ignore[arg-type]
         )
-        refuse_overwrite(output, patch, inputs)
-    except NanHunterError as exc:
-        raise fail(str(exc)) from None
-    except Exception as exc:  # a bug of ours: say so in one line
-        if command.debug:
-            raise
-        raise fail(internal_error(exc)) from None
+        refuse_overwrite(shown.output, shown.patch, inputs)
+    except Exception as exc:
+        raise fail(*error_line(exc, command.debug)) from None
     return settings, files, inputs
 
 
@@ -182,70 +145,12 @@ def _scan_files(
             shown.file(path)
             try:
                 reports.append(scan_one(path))
-            except NanHunterError as exc:
-                output_text = getattr(exc, "output", "")
+            except Exception as exc:
+                message, printed = error_line(exc, command.debug)
                 if len(files) == 1:
-                    raise fail(str(exc), output_text) from None
-                typer.echo(f"nan-hunter: error: {echoed(f'{path}: {exc}')}", err=True)
-                typer.echo(shown_lines(output_text), err=True, nl=False)
-                failed.append(Failed(path, str(exc)))
-            except Exception as exc:  # a bug of ours: say so in one line
-                if command.debug:
-                    raise
-                message = internal_error(exc)
-                if len(files) == 1:
-                    raise fail(message) from None
+                    raise fail(message, printed) from None
                 typer.echo(f"nan-hunter: error: {echoed(f'{path}: {message}')}", err=True)
+                typer.echo(shown_lines(printed), err=True, nl=False)
                 failed.append(Failed(path, message))
             shown.file_done()
     return reports, failed
-
-
-def _show(
-    reports: list[Report],
-    failed: list[Failed],
-    settings: Settings,
-    shown: Output,
-    output: Path | None,
-    patch: Path | None,
-    *,
-    unsafe: bool,
-) -> None:
-    """The report (or the diff), the patch file, and the exit code as ``typer.Exit``;
-    ``unsafe``: the fixes chosen may be unsafe ones (``--unsafe-fixes``)."""
-    from nan_hunter.fixes.edits import render_diff, render_patch
-    from nan_hunter.fixes.select import select_fixes
-    from nan_hunter.project import shared_root
-    from nan_hunter.report import render
-    from nan_hunter.report.combined import render_many
-    from nan_hunter.terminal import report_width, wants_color
-
-    use_color = wants_color(ColorChoice.never if shown.no_color else shown.color, sys.stdout)
-    options = {
-        "color": use_color and output is None,
-        "width": report_width(sys.stdout),
-        "range_map": shown.range_map,
-    }
-    output_format = shown.output_format.value
-    if len(reports) + len(failed) > 1:
-        text = render_many(reports, failed, output_format, **options)  # type: ignore[arg-type]
-        emit(text, output, color=use_color, quiet=shown.quiet)
-        codes = [r.exit_code(settings.fail_on) for r in reports] + [EXIT_ERROR] * bool(failed)
-        raise typer.Exit(EXIT_CLEAN if shown.exit_zero and not failed else max(codes))
-    report = reports[0]
-    code = EXIT_CLEAN if shown.exit_zero else report.exit_code(settings.fail_on)
-    selection = select_fixes(report, unsafe=unsafe)
-    root = shared_root([Path(report.target.file), *(Path(e.file) for e in selection.edits)])
-    if shown.diff:
-        typer.echo(rendered(render_diff, selection.edits, root), nl=False)
-        raise typer.Exit(code)
-    emit(render(report, output_format, **options), output,  # type: ignore[arg-type]
-          color=use_color, quiet=shown.quiet)
-    if patch is not None:
-        if selection.edits:
-            write(patch, rendered(render_patch, selection.edits, root))
-            if not shown.quiet:
-                typer.echo(f"nan-hunter: patch written to {patch}", err=True)
-        elif not shown.quiet:
-            typer.echo("nan-hunter: no patch to write: no finding has a fix to apply", err=True)
-    raise typer.Exit(code)

@@ -41,7 +41,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.integrations", "nan_hunter.pytest_plugin",
     )),
     ("command line", (
-        "nan_hunter.cli_options", "nan_hunter.command_output", "nan_hunter.scan_command",
+        "nan_hunter.cli_options", "nan_hunter.command_output", "nan_hunter.scan_output",
+        "nan_hunter.scan_command",
         "nan_hunter.scan_job", "nan_hunter.run_job", "nan_hunter.run_command",
     )),
     ("cli", ("nan_hunter.cli", "nan_hunter.__main__", "nan_hunter")),
