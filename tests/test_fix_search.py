@@ -551,7 +551,12 @@ FINFO_SHAPES = {
     "binary receiver": (
         "pass",
         "s = (q @ k / 4) + -1e9",
-        "s = (q @ k / 4) + torch.finfo((q @ k / 4).dtype).min",
+        "s = (masked := q @ k / 4) + torch.finfo(masked.dtype).min",
+    ),
+    "constant before a computed operand": (
+        "pass",
+        "s = -1e9 + (q @ k)",
+        "s = torch.finfo((q @ k).dtype).min + (q @ k)",
     ),
 }
 
@@ -575,6 +580,68 @@ def test_finfo_bound_replaces_the_constant_wherever_it_is_named(
     assert patched is not None
     assert expected in patched, patched
     ast.parse(patched)
+
+
+FINFO_RECEIVERS = {
+    "name": "s",
+    "attribute": "self.s",
+    "index": "s[:, :4]",
+    "matmul": "q @ k.t()",
+    "scaled matmul": "q @ k.t() / 2.0",
+    "method chain": "s.float().half()",
+    "dropout": "F.dropout(s, 0.5, training=True)",
+}
+FINFO_FORMS = {
+    "method": "({t}).masked_fill(m, {c})",
+    "torch function": "torch.masked_fill({t}, m, {c})",
+    "keyword": "({t}).masked_fill(mask=m, value={c})",
+    "additive": "({t}) + {c}",
+}
+
+
+@pytest.mark.parametrize("form", FINFO_FORMS, ids=list(FINFO_FORMS))
+@pytest.mark.parametrize("receiver", FINFO_RECEIVERS, ids=list(FINFO_RECEIVERS))
+def test_finfo_bound_computes_the_tensor_once_and_fills_its_limit(
+    receiver: str, form: str, tmp_path: Path
+) -> None:
+    """Each receiver shape in each call shape: the patched line is computed from the same
+    values as the original (the same RNG draws: a dropout is not run twice), a computed
+    receiver appears once in it, and the fill is FP16's limit, not -inf."""
+    import torch
+
+    from nan_hunter.fixes.rewrites import finfo_limit
+
+    tensor = FINFO_RECEIVERS[receiver]
+    line = FINFO_FORMS[form].format(t=tensor, c="-1e9")
+    text = (
+        "import torch\nimport torch.nn.functional as F\n\n\nclass M(torch.nn.Module):\n"
+        "    def forward(self, s, m, q, k):\n        self.s = s\n"
+        f"        out = {line}\n        return out\n"
+    )
+    path = tmp_path / "m.py"
+    path.write_text(text, encoding="utf-8")
+    patched = finfo_limit(path, 8, -1e9)
+    assert patched is not None, line
+    new_line = patched.splitlines()[7]
+    assert "-1e9" not in new_line and "torch.finfo(" in new_line, new_line
+    if receiver not in ("name", "attribute", "index"):
+        assert new_line.count(tensor) == 1, new_line
+
+    def run(source: str) -> tuple[torch.Tensor, torch.Tensor]:
+        scope: dict[str, object] = {}
+        exec(compile(source, str(path), "exec"), scope)
+        torch.manual_seed(0)
+        s, q, k = (torch.randn(4, 4).half() for _ in range(3))
+        m = torch.rand(4, 4) > 0.5
+        out = scope["M"]().forward(s, m, q, k)  # type: ignore[operator]
+        return out, torch.random.get_rng_state()
+
+    patched_out, patched_rng = run(patched)
+    # no extra random draws (the original, with a constant FP16 can hold, runs as written)
+    assert torch.equal(patched_rng, run(text.replace("-1e9", "-1e4"))[1])
+    assert patched_out.dtype == torch.float16 and bool(torch.isfinite(patched_out).all())
+    # masked entries (and, added, every entry) at FP16's lowest value, not past it
+    assert float(patched_out.min()) == float(torch.finfo(torch.float16).min)
 
 
 def test_finfo_bound_leaves_a_name_assigned_two_different_values(tmp_path: Path) -> None:

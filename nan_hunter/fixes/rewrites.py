@@ -121,11 +121,51 @@ def finfo_limit(path: Path, line: int, value: float) -> str | None:
         if constant is not None and tensor is not None:
             start, end = source.span(constant)
             receiver = source.segment(tensor)
+            if not _cheap(tensor) and source.span(tensor)[1] <= start:
+                # Computed once, bound where it is computed (before the constant is reached):
+                # a repeated ``(q @ k.t()).dtype`` would run the matmul, or a dropout, twice.
+                name = _unused_name(tree, "masked")
+                t_start, t_end = source.span(tensor)
+                if text[t_start - 1 : t_start] == "(" and text[t_end : t_end + 1] == ")":
+                    t_start, t_end = t_start - 1, t_end + 1  # its own parentheses, not a call's
+                bound = _replace(text, [
+                    (t_start, t_end, f"({name} := {receiver})"),
+                    (start, end, f"torch.finfo({name}.dtype).{limit}"),
+                ])  # fmt: skip
+                if bound is not None:  # else a place a walrus may not go: repeated below
+                    return bound
             if not isinstance(tensor, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
                 receiver = f"({receiver})"  # ``(q @ k.t() / d).dtype``, not ``... / d.dtype``
             new = f"torch.finfo({receiver}.dtype).{limit}"
             return _replace(text, [(start, end, new)])
     return None
+
+
+def _cheap(expr: ast.expr) -> bool:
+    """Whether evaluating ``expr`` again costs nothing and changes nothing: a name, an
+    attribute of one, or an index of one by names and numbers (a view)."""
+    if isinstance(expr, ast.Name):
+        return True
+    if isinstance(expr, ast.Attribute):
+        return _cheap(expr.value)
+    if isinstance(expr, ast.Subscript):
+        index = ast.walk(expr.slice)
+        allowed = (ast.Name, ast.Constant, ast.Slice, ast.Tuple, ast.UnaryOp, ast.USub,
+                   ast.Load, ast.Attribute)  # fmt: skip
+        return _cheap(expr.value) and all(isinstance(node, allowed) for node in index)
+    return False
+
+
+def _unused_name(tree: ast.Module, stem: str) -> str:
+    """``stem``, or ``stem_2``, ``stem_3``... : the first that no name in the file uses."""
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | {
+        node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)
+    }
+    name, n = stem, 1
+    while name in used:
+        n += 1
+        name = f"{stem}_{n}"
+    return name
 
 
 def _named_constants(tree: ast.Module, line: int, value: float) -> set[str]:
