@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nan_hunter.untrusted import echoed
+
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -195,8 +197,10 @@ class _State:
         self.first: RunEvent | None = None
 
     def say(self, line: str) -> None:
+        """One line on stderr; what the script named (its file, its model's class and modules)
+        shown escaped (``nan_hunter.untrusted``): it cannot start a line of its own."""
         sys.stdout.flush()
-        print(f"nan-hunter: {_rank()}{line}", file=sys.stderr, flush=True)
+        print(f"nan-hunter: {_rank()}{echoed(line)}", file=sys.stderr, flush=True)
 
     def on_warning(self, warning: WatchWarning) -> None:
         message = warning.message

@@ -56,3 +56,32 @@ def capped(text: str, limit: int = ECHO_LIMIT) -> str:
 def echoed(text: str, limit: int = ECHO_LIMIT) -> str:
     """A model's text in one line of ours: capped, then ``shown``."""
     return shown(capped(text, limit))
+
+
+_QUOTED_BY_GIT = re.compile(f'[\t\n"\\\\{_OTHERS}]')
+"""What makes git quote a path in a diff header: a control character (tab and newline too), a
+double quote or a backslash; here also the bidi controls and lone surrogates ``shown`` escapes."""
+_C_ESCAPES = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v",
+              "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}  # fmt: skip
+
+
+def diff_path(path: str) -> str:
+    """``path`` as a unified diff's ``---``/``+++`` header names it: as it is, or, when it holds
+    a character that could end the header's line or hide in it, C-quoted as ``git diff`` quotes
+    it (``"a/m\\n::x.py"``; a non-ASCII character as the octal escapes of its UTF-8 bytes), which
+    ``git apply`` and GNU ``patch`` read back to the same file name."""
+    if not _QUOTED_BY_GIT.search(path):
+        return path
+    out = []
+    for char in path:
+        if char in _C_ESCAPES:
+            out.append(_C_ESCAPES[char])
+        elif char < " " or char >= "\x7f":
+            try:
+                raw = char.encode("utf-8", "surrogateescape")  # a byte a file name held
+            except UnicodeEncodeError:
+                raw = char.encode("utf-8", "surrogatepass")
+            out.extend(f"\\{byte:03o}" for byte in raw)
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'

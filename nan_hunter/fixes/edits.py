@@ -16,6 +16,7 @@ from pathlib import Path
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Edit
 from nan_hunter.fixes.source_file import Source, read_source, split_lines
+from nan_hunter.untrusted import diff_path
 
 
 class EditConflict(NanHunterError):
@@ -165,7 +166,8 @@ def _sections(edits: Iterable[Edit], root: Path) -> list[tuple[str, Source]]:
             if new_lines:
                 new_lines[0] = "\ufeff" + new_lines[0]
         out: list[str] = []
-        for line in difflib.unified_diff(old_lines, new_lines, f"a/{rel}", f"b/{rel}"):
+        names = diff_path(f"a/{rel}"), diff_path(f"b/{rel}")
+        for line in difflib.unified_diff(old_lines, new_lines, *names):
             if line.endswith(("\n", "\r")):
                 out.append(line)
             else:
