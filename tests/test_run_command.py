@@ -75,6 +75,15 @@ def test_inputs_come_from_the_real_call_with_keyword_arguments() -> None:
     )
 
 
+@pytest.mark.parametrize("form", ["function", "imported"])
+def test_the_loss_is_seen_when_the_script_calls_torch_autograd_backward(form: str) -> None:
+    code, _, err = invoke("--no-verify", PAIRS_REL, "--backward", form)
+    assert code == 1, err
+    assert ours(err)[0].startswith(
+        "nan-hunter: training step 12: the loss is nan; NH102 Tensor.__matmul__ in PairModel.pairs"
+    )
+
+
 def test_max_steps_ends_a_clean_run_with_exit_0_and_says_how_many_steps() -> None:
     code, out, err = invoke("--max-steps", "5", PAIRS_REL, "--steps", "30", "--exit", "3")
     assert code == 0, err

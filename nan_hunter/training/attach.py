@@ -7,7 +7,12 @@ training loop only through torch's public global hooks and two methods of ``Grad
   a module with trainable parameters, while gradients are enabled, is the model call of the
   step; its inputs are kept by reference and a hook on each floating output keeps the gradient
   that reaches it (``rerun.ModelCall``). Calls inside it cost one counter update each.
-- ``Tensor.backward`` (wrapped): the tensor it is called on is the step's loss.
+- ``torch.autograd.backward`` (replaced on the module): the tensors a backward starts from are
+  the step's loss, however the backward was started: ``loss.backward()`` (``Tensor.backward``
+  calls it, so each backward is seen once), ``torch.autograd.backward(loss)`` or ``([loss])``,
+  ``from torch.autograd import backward`` in the script (which runs after the replacement),
+  ``accelerator.backward(loss)``, ``scaler.scale(loss).backward()``. A backward started inside
+  another one (reentrant checkpointing) is not a loss.
 - ``register_optimizer_step_pre_hook``: without a GradScaler, the step boundary: the loss and
   the gradients about to be applied are checked there (one host sync); with one, only the loss
   (GradScaler already checked the gradients).
@@ -25,6 +30,7 @@ removed by ``close``. Nothing runs per op.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,6 +120,8 @@ class ScriptWatch:
         """Optimizer steps checked."""
         self.problems = 0
         """Steps that tripped the check."""
+        self.backwards = 0
+        """Backward passes seen starting from a loss (one-element tensors)."""
         self.events: list[RunEvent] = []
         self.optimizers_seen = 0
         self._optimizers: set[int] = set()
@@ -201,9 +209,19 @@ class ScriptWatch:
             self._calls.append(call)
             del self._calls[:-MAX_CALLS]
 
-    def saw_backward(self, tensor: torch.Tensor) -> None:
-        if not self._busy and tensor.numel() == 1:
-            self._losses.append(tensor)
+    def saw_backward(self, tensors: Any) -> None:
+        """A backward starts from ``tensors`` (a tensor or a sequence, as
+        ``torch.autograd.backward`` takes them): the one-element ones are losses."""
+        if self._busy:
+            return
+        if isinstance(tensors, torch.Tensor):
+            tensors = (tensors,)
+        elif not isinstance(tensors, (tuple, list)):
+            return  # gradient edges: not a loss
+        losses = [t for t in tensors if isinstance(t, torch.Tensor) and t.numel() == 1]
+        if losses:
+            self.backwards += 1
+            self._losses += losses
             del self._losses[:-MAX_CALLS]
 
     # ------------------------------------------------------------------ step boundaries
@@ -462,10 +480,12 @@ _ACTIVE: ScriptWatch | None = None
 
 
 def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if _ACTIVE is not None:
-            _ACTIVE.saw_backward(self)
-        return original(self, *args, **kwargs)
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        active = _ACTIVE
+        if active is not None and torch._C._current_graph_task_id() == -1:
+            active.saw_backward(args[0] if args else kwargs.get("tensors"))
+        return original(*args, **kwargs)
 
     return backward
 
@@ -494,6 +514,8 @@ def _wrap_scaler_update(original: Callable[..., Any]) -> Callable[..., Any]:
     return update
 
 
-_BACKWARD = SharedPatch(torch.Tensor, "backward", _wrap_backward)
+_BACKWARD = SharedPatch(torch.autograd, "backward", _wrap_backward)
+"""``Tensor.backward`` calls ``torch.autograd.backward`` by its module attribute, so this one
+replacement sees every backward once."""
 _SCALER_STEP = SharedPatch(torch.amp.GradScaler, "step", _wrap_scaler_step)
 _SCALER_UPDATE = SharedPatch(torch.amp.GradScaler, "update", _wrap_scaler_update)
