@@ -45,7 +45,7 @@ from torch.utils.hooks import RemovableHandle
 
 from nan_hunter.config import Settings
 from nan_hunter.errors import NanHunterError, first_line
-from nan_hunter.findings import Report
+from nan_hunter.findings import Report, TrainingSteps
 from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
@@ -433,8 +433,11 @@ class ScriptWatch:
                 checked = f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
                 note = (f"training step {step}: {problem.detail}; {checked} checked before it; "
                         "re-run from the step's own inputs and weights")
-                report = dataclasses.replace(report, target=dataclasses.replace(
-                    report.target, notes=(*report.target.notes, note)))
+                report = dataclasses.replace(
+                    report,
+                    target=dataclasses.replace(report.target, notes=(*report.target.notes, note)),
+                    training=TrainingSteps(self.steps, step),
+                )
             except NanHunterError as exc:
                 why_not = f"the re-run failed: {first_line(exc)}"
             except Exception as exc:  # a model that cannot be copied, or an error of ours
