@@ -24,13 +24,13 @@ On a problem the update is not applied (the gradients are set aside while ``opti
 runs and put back after it, as GradScaler skips a step), the step's model call is re-run on a
 copy of the model with the weights the step ran with, through the scan engine
 (``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. Everything is
-removed by ``close``. Nothing runs per op.
+removed by ``close``. Nothing runs per op. The replacements of torch's functions are
+``training.script_patches``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +48,7 @@ from nan_hunter.errors import NanHunterError, first_line
 from nan_hunter.findings import Report, TrainingSteps
 from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.training import script_patches
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
 from nan_hunter.training.distributed import (
@@ -149,8 +150,7 @@ class ScriptWatch:
         self.close()
 
     def install(self) -> None:
-        global _ACTIVE
-        _ACTIVE = self
+        script_patches.activate(self)
         nn_hooks = torch.nn.modules.module
         self._handles = [
             nn_hooks.register_module_forward_pre_hook(self._pre_forward),
@@ -160,12 +160,11 @@ class ScriptWatch:
             register_optimizer_step_pre_hook(self._before_update),
             register_optimizer_step_post_hook(self._after_update),
         ]
-        self._patches = [_BACKWARD, _SCALER_STEP, _SCALER_UPDATE]
+        self._patches = list(script_patches.PATCHES)
         for patch in self._patches:
             patch.acquire()
 
     def close(self) -> None:
-        global _ACTIVE
         handles, self._handles = self._handles, []
         patches, self._patches = self._patches, []
         guards, self._guards = self._guards, {}
@@ -177,8 +176,7 @@ class ScriptWatch:
                 guard.remove()
             for patch in patches:
                 patch.release()
-            if _ACTIVE is self:
-                _ACTIVE = None
+            script_patches.deactivate(self)
             self._calls, self._losses = [], []
 
     # ------------------------------------------------------------------ what the hooks see
@@ -477,48 +475,3 @@ def _bad_grads(optimizer: torch.optim.Optimizer) -> str:
     bad = [names[id(p)] for group in optimizer.param_groups for p in group["params"]
            if p.grad is not None and not bool(finite_flag([p.grad]))]
     return f" ({len(bad)} of the optimizer's parameters)" if bad else ""
-
-
-_ACTIVE: ScriptWatch | None = None
-
-
-def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def backward(*args: Any, **kwargs: Any) -> Any:
-        active = _ACTIVE
-        if active is not None and torch._C._current_graph_task_id() == -1:
-            active.saw_backward(args[0] if args else kwargs.get("tensors"))
-        return original(*args, **kwargs)
-
-    return backward
-
-
-def _wrap_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
-    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        active = _ACTIVE
-        if active is None or not self.is_enabled():
-            return original(self, optimizer, *args, **kwargs)
-        active.scaler_step(self, optimizer)
-        try:
-            return original(self, optimizer, *args, **kwargs)
-        finally:
-            active.scaler_step_done()
-
-    return step
-
-
-def _wrap_scaler_update(original: Callable[..., Any]) -> Callable[..., Any]:
-    def update(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        if _ACTIVE is not None and self.is_enabled():
-            _ACTIVE.scaler_updated(self)
-        return result
-
-    return update
-
-
-_BACKWARD = SharedPatch(torch.autograd, "backward", _wrap_backward)
-"""``Tensor.backward`` calls ``torch.autograd.backward`` by its module attribute, so this one
-replacement sees every backward once."""
-_SCALER_STEP = SharedPatch(torch.amp.GradScaler, "step", _wrap_scaler_step)
-_SCALER_UPDATE = SharedPatch(torch.amp.GradScaler, "update", _wrap_scaler_update)
