@@ -23,7 +23,9 @@ training loop only through torch's public global hooks and two methods of ``Grad
 On a problem the update is not applied (the gradients are set aside while ``optimizer.step``
 runs and put back after it, as GradScaler skips a step), the step's model call is re-run on a
 copy of the model with the weights the step ran with, through the scan engine
-(``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. Everything is
+(``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. An FSDP2 model is
+copied from the full state every rank gathers at that step (``model_copy.gather_full_state``,
+``unsharded_copy``). Everything is
 removed by ``close``. Nothing runs per op. The replacements of torch's functions are
 ``training.script_patches``.
 """
@@ -60,7 +62,12 @@ from nan_hunter.training.distributed import (
     current_ranks,
     scanning_ranks,
 )
-from nan_hunter.training.model_copy import replay_copy, sharded
+from nan_hunter.training.model_copy import (
+    gather_full_state,
+    replay_copy,
+    sharded,
+    unsharded_copy,
+)
 from nan_hunter.training.rerun import ModelCall, StepPrecision, pick_call, rerun_call
 from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 
@@ -406,26 +413,27 @@ class ScriptWatch:
         self, problem: Problem, optimizer: Any, scale: float | None, rerun: bool = True
     ) -> None:
         self.problems += 1
+        call = self._pick_call(optimizer)
+        gathered = self._gather_sharded(call)  # on every rank, or on none
         if len(self.events) >= self.max_reports:
             return
         step = self.steps + 1
-        call = self._pick_call(optimizer)
         report, why_not, model = None, "", ""
         if not rerun:
             why_not = "another rank re-runs its step"
         elif call is None:
             why_not = "no call of a model with trainable parameters was seen in this step"
-        elif sharded(unwrap_model(call.module)[0]):
-            model = type(unwrap_model(call.module)[0]).__name__
-            why_not = ("FSDP shards the model's parameters: a copy could only run with the other "
-                       "ranks (collectives)")
+        elif isinstance(gathered, str):
+            why_not = gathered
         else:
             module, _ = unwrap_model(call.module)
-            model = type(module).__name__
             self._busy = True
             try:
+                replay = (replay_copy(module) if gathered is None
+                          else unsharded_copy(module, gathered))
+                model = type(replay).__name__
                 report = rerun_call(
-                    call, replay_copy(module), self.settings, scale=scale,
+                    call, replay, self.settings, scale=scale,
                     precision_given=self.precision_given,
                 )
                 checked = f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
@@ -446,6 +454,14 @@ class ScriptWatch:
         if report is not None:  # a failed re-run does not use up max_reports
             self.events.append(event)
         self.on_problem(event)
+
+    def _gather_sharded(self, call: ModelCall | None) -> dict[str, torch.Tensor] | str | None:
+        """FSDP: ``gather_full_state`` of the step's model, at the first ``max_reports`` problem
+        steps (a count every rank shares, so all ranks gather or none does)."""
+        module = unwrap_model(call.module)[0] if call is not None else None
+        if self.problems > self.max_reports:
+            return "max_reports re-runs already made" if module and sharded(module) else None
+        return gather_full_state(module, self._current_ranks())
 
     def _pick_call(self, optimizer: Any) -> ModelCall | None:
         """The step's model call: of a module whose parameters the optimizer updates, the
