@@ -25,9 +25,8 @@ runs and put back after it, as GradScaler skips a step), the step's model call i
 copy of the model with the weights the step ran with, through the scan engine
 (``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. An FSDP2 model is
 copied from the full state every rank gathers at that step (``model_copy.gather_full_state``,
-``unsharded_copy``). Everything is
-removed by ``close``. Nothing runs per op. The replacements of torch's functions are
-``training.script_patches``.
+``unsharded_copy``). Everything is removed by ``close``. Nothing runs per op. The replacements
+of torch's functions are ``training.script_patches``.
 """
 
 from __future__ import annotations
@@ -460,7 +459,10 @@ class ScriptWatch:
         steps (a count every rank shares, so all ranks gather or none does)."""
         module = unwrap_model(call.module)[0] if call is not None else None
         if self.problems > self.max_reports:
-            return "max_reports re-runs already made" if module and sharded(module) else None
+            if module is not None and sharded(module):
+                return ("FSDP shards the model's parameters, and its full state is gathered at "
+                        "the first max_reports problem steps only")
+            return None
         return gather_full_state(module, self._current_ranks())
 
     def _pick_call(self, optimizer: Any) -> ModelCall | None:
