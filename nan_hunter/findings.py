@@ -208,6 +208,17 @@ def scale_text(scale: float) -> str:
 
 
 @dataclass(frozen=True)
+class TrainingSteps:
+    """What ``nan-hunter run`` checked of a training script: the ``training`` object of the
+    JSON report (absent from ``scan``'s reports)."""
+
+    steps_checked: int
+    """Optimizer steps checked and found clean (before ``problem_step`` when there is one)."""
+    problem_step: int | None = None
+    """The 1-based optimizer step the report re-ran; None: no problem step was found."""
+
+
+@dataclass(frozen=True)
 class Failed:
     """A path of a multi-path run that could not be scanned (load error, model error)."""
 
@@ -236,6 +247,8 @@ class Report:
     range_map: RangeMap | None = None
     """How close each module's values came to the format's limits, forward and backward (None
     when no pass ran: the batch itself was bad)."""
+    training: TrainingSteps | None = None
+    """``nan-hunter run``: the training steps checked (None for ``scan``)."""
 
     @property
     def active(self) -> tuple[Finding, ...]:

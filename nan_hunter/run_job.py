@@ -17,6 +17,7 @@ import base64
 import os
 import pickle
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from nan_hunter.config import Settings
+    from nan_hunter.findings import Report
     from nan_hunter.training.attach import RunEvent, ScriptWatch
     from nan_hunter.training.clipping import WatchWarning
 
@@ -128,6 +130,7 @@ def run(job: RunJob, args: list[str]) -> int:
     if interrupted is not None:
         _show(interrupted)
     state.summary(code)
+    state.clean_files(code)
     if interrupted is not None:  # die of SIGINT, as Python does after a KeyboardInterrupt
         sys.stdout.flush()
         sys.stderr.flush()
@@ -195,6 +198,7 @@ class _State:
         self.watch: ScriptWatch | None = None
         self.ended_by = ""
         self.first: RunEvent | None = None
+        self.started = time.perf_counter()
 
     def say(self, line: str) -> None:
         """One line on stderr; what the script named (its file, its model's class and modules)
@@ -276,13 +280,18 @@ class _State:
         watch = self.watch
         if watch is None or (self.job.quiet and not watch.problems):
             return
+        self.say(self.summary_line(code))
+
+    def summary_line(self, code: int) -> str:
+        """The run in one line: the steps checked, the problems, how the script ended."""
+        watch = self.watch
+        assert watch is not None
         steps = watch.steps
         if not watch.optimizers_seen and not steps:
-            self.say(
+            return (
                 "no optimizer step was seen: nothing was checked (the script never called "
                 "optimizer.step() on a torch optimizer)"
             )
-            return
         line = f"{steps} optimizer step{'s' * (steps != 1)} checked"
         if watch.problems:
             first = self.first
@@ -296,7 +305,54 @@ class _State:
             line += "; the script was stopped (--on-problem stop)"
         else:
             line += f"; the script exited with code {code}"
-        self.say(line)
+        return line
+
+    def clean_files(self, code: int) -> None:
+        """No problem step: ``--output`` still gets a report (no findings, the steps checked),
+        as ``scan`` writes a clean one; ``--patch`` gets nothing, as with ``scan``. Under
+        torchrun rank 0 writes it (every rank checked the same steps)."""
+        from nan_hunter.report import render
+
+        watch, job = self.watch, self.job
+        if watch is None or watch.problems or os.environ.get("RANK", "0") != "0":
+            return
+        if job.output is not None:
+            self._file(job.output, render(self.clean_report(code), job.output_format))
+            if not job.quiet:
+                self.say(f"report written to {job.output}")
+        if job.patch is not None and not job.quiet:
+            self.say("no patch to write: no finding has a fix to apply")
+
+    def clean_report(self, code: int) -> Report:
+        """The report of a run without a problem step: no findings, nothing re-run."""
+        from nan_hunter.findings import Report, ScanTarget, TrainingSteps
+
+        watch, job = self.watch, self.job
+        assert watch is not None
+        settings = job.settings
+        target = ScanTarget(
+            file=_script_file(job), mode=settings.mode, dtype=settings.dtype,
+            device=settings.device, policy=settings.policy,
+            notes=(self.summary_line(code), "no step was re-run: none was a problem"),
+        )
+        return Report(
+            target=target, findings=(), ops=0, backward_nodes=0, propagated=0,
+            seconds=time.perf_counter() - self.started, training=TrainingSteps(watch.steps),
+        )
+
+
+def _script_file(job: RunJob) -> str:
+    """The script's file (with ``-m``, the module's, when it can be found)."""
+    if job.script is not None:
+        return os.path.abspath(job.script)
+    import importlib.util
+
+    assert job.module is not None
+    try:
+        spec = importlib.util.find_spec(job.module)
+    except (ImportError, ValueError):
+        spec = None
+    return spec.origin if spec is not None and spec.origin else job.module
 
 
 def problem_line(event: RunEvent, where: str) -> str:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 from typer.testing import CliRunner
 
@@ -24,6 +25,7 @@ PAIRS = SCRIPTS / "pairs_train.py"
 PAIRS_REL = "tests/run_scripts/pairs_train.py"
 CULPRIT = marker_line(PAIRS, "# culprit")
 NH = [sys.executable, "-m", "nan_hunter"]
+SCHEMA = ROOT / "nan_hunter" / "report" / "report.schema.json"
 runner = CliRunner()
 
 
@@ -58,6 +60,7 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
         "training step 12: the loss is nan; 11 optimizer steps checked before it; re-run from "
         "the step's own inputs and weights"
     ]
+    assert data["training"] == {"steps_checked": 11, "problem_step": 12}
     first = data["findings"][0]
     assert (first["code"], first["op"], first["module"]) == ("NH102", "Tensor.__matmul__", "pairs")
     assert first["location"]["line"] == CULPRIT
@@ -75,6 +78,15 @@ def test_inputs_come_from_the_real_call_with_keyword_arguments() -> None:
     )
 
 
+@pytest.mark.parametrize("form", ["function", "imported"])
+def test_the_loss_is_seen_when_the_script_calls_torch_autograd_backward(form: str) -> None:
+    code, _, err = invoke("--no-verify", PAIRS_REL, "--backward", form)
+    assert code == 1, err
+    assert ours(err)[0].startswith(
+        "nan-hunter: training step 12: the loss is nan; NH102 Tensor.__matmul__ in PairModel.pairs"
+    )
+
+
 def test_max_steps_ends_a_clean_run_with_exit_0_and_says_how_many_steps() -> None:
     code, out, err = invoke("--max-steps", "5", PAIRS_REL, "--steps", "30", "--exit", "3")
     assert code == 0, err
@@ -82,6 +94,42 @@ def test_max_steps_ends_a_clean_run_with_exit_0_and_says_how_many_steps() -> Non
     assert ours(err) == [
         "nan-hunter: 5 optimizer steps checked, no problem; --max-steps 5 reached"
     ]
+
+
+def test_a_clean_max_steps_run_writes_a_json_report_with_the_steps_checked(
+    tmp_path: Path,
+) -> None:
+    report, patch = tmp_path / "out.json", tmp_path / "fix.patch"
+    code, _, err = invoke(
+        "--max-steps", "5", "--format", "json", "-o", str(report), "--patch", str(patch),
+        PAIRS_REL, "--steps", "30",
+    )
+    assert code == 0, err
+    assert ours(err) == [
+        "nan-hunter: 5 optimizer steps checked, no problem; --max-steps 5 reached",
+        f"nan-hunter: report written to {report}",
+        "nan-hunter: no patch to write: no finding has a fix to apply",  # as scan says it
+    ]
+    assert not patch.exists()
+    data = json.loads(report.read_text())
+    jsonschema.validate(data, json.loads(SCHEMA.read_text()))
+    assert (data["status"], data["findings"], data["summary"]["errors"]) == ("clean", [], 0)
+    assert data["training"] == {"steps_checked": 5, "problem_step": None}
+    assert data["target"]["file"] == PAIRS_REL
+    assert data["target"]["notes"][0] == (
+        "5 optimizer steps checked, no problem; --max-steps 5 reached"
+    )
+
+
+def test_a_clean_script_end_writes_a_sarif_report_without_results(tmp_path: Path) -> None:
+    report = tmp_path / "report.sarif"
+    code, _, err = invoke(
+        "--format", "sarif", "-o", str(report), PAIRS_REL, "--steps", "3", "--exit", "3"
+    )
+    assert code == 3, err
+    run = json.loads(report.read_text())["runs"][0]
+    assert run["results"] == []
+    assert run["properties"]["training"] == {"steps_checked": 3, "problem_step": None}
 
 
 def test_script_exit_code_and_argv_pass_through_when_nothing_is_found() -> None:

@@ -4,6 +4,7 @@ Lightning, accelerate and torchrun (DDP, 2 gloo ranks). Real processes of severa
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -108,20 +109,25 @@ def test_torchrun_ranks_agree_so_a_problem_on_one_rank_stops_all() -> None:
     ]
 
 
-def test_torchrun_fsdp2_two_ranks_stop_together_and_say_why_not_re_run() -> None:
+def test_torchrun_fsdp2_two_ranks_stop_together_and_rank_1_re_runs_a_gathered_copy(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "report.json"
     done = run([
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", "29535", "-m", "nan_hunter", "run", "--no-verify",
-        "tests/run_scripts/fsdp_train.py",
+        "--master_port", "29535", "-m", "nan_hunter", "run", "--no-verify", "--format", "json",
+        "-o", str(report), "tests/run_scripts/fsdp_train.py",
     ])
     assert done.returncode == 1
     lines = ours(done.stderr)
     assert (
-        "nan-hunter: rank 1: training step 3: the loss is nan; not re-run: FSDP shards the "
-        "model's parameters: a copy could only run with the other ranks (collectives)"
+        "nan-hunter: rank 1: training step 3: the loss is nan; NH301 torch.log in Sequential.0 "
+        f"at {culprit('fsdp_train.py')} (report {report})"
     ) in lines
     assert (
         "nan-hunter: rank 0: training step 3: non-finite gradient (4 of the optimizer's "
         "parameters); not re-run: another rank re-runs its step"
     ) in lines
+    first = json.loads(report.read_text())["findings"][0]
+    assert (first["code"], first["op"], first["module"]) == ("NH301", "torch.log", "0")
     assert "trained" not in done.stdout

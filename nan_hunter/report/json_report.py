@@ -124,7 +124,15 @@ def report_dict(report: Report) -> dict[str, Any]:
             "not_checked": list(t.unchecked),
         }
         | ({"suppressed": len(report.suppressed)} if report.suppressed else {}),
-    }
+    } | _training(report)
+
+
+def _training(report: Report) -> dict[str, Any]:
+    """``nan-hunter run``'s ``training`` object; nothing for ``scan`` (its shape unchanged)."""
+    run = report.training
+    if run is None:
+        return {}
+    return {"training": {"steps_checked": run.steps_checked, "problem_step": run.problem_step}}
 
 
 def _loss_scale(report: Report) -> dict[str, Any] | None:

@@ -7,7 +7,12 @@ training loop only through torch's public global hooks and two methods of ``Grad
   a module with trainable parameters, while gradients are enabled, is the model call of the
   step; its inputs are kept by reference and a hook on each floating output keeps the gradient
   that reaches it (``rerun.ModelCall``). Calls inside it cost one counter update each.
-- ``Tensor.backward`` (wrapped): the tensor it is called on is the step's loss.
+- ``torch.autograd.backward`` (replaced on the module): the tensors a backward starts from are
+  the step's loss, however the backward was started: ``loss.backward()`` (``Tensor.backward``
+  calls it, so each backward is seen once), ``torch.autograd.backward(loss)`` or ``([loss])``,
+  ``from torch.autograd import backward`` in the script (which runs after the replacement),
+  ``accelerator.backward(loss)``, ``scaler.scale(loss).backward()``. A backward started inside
+  another one (reentrant checkpointing) is not a loss.
 - ``register_optimizer_step_pre_hook``: without a GradScaler, the step boundary: the loss and
   the gradients about to be applied are checked there (one host sync); with one, only the loss
   (GradScaler already checked the gradients).
@@ -18,8 +23,10 @@ training loop only through torch's public global hooks and two methods of ``Grad
 On a problem the update is not applied (the gradients are set aside while ``optimizer.step``
 runs and put back after it, as GradScaler skips a step), the step's model call is re-run on a
 copy of the model with the weights the step ran with, through the scan engine
-(``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. Everything is
-removed by ``close``. Nothing runs per op.
+(``rerun.rerun_call``), and ``on_problem(event)`` decides what happens next. An FSDP2 model is
+copied from the full state every rank gathers at that step (``model_copy.gather_full_state``,
+``unsharded_copy``). Everything is removed by ``close``. Nothing runs per op. The replacements
+of torch's functions are ``training.script_patches``.
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ from torch.utils.hooks import RemovableHandle
 
 from nan_hunter.config import Settings
 from nan_hunter.errors import NanHunterError, first_line
-from nan_hunter.findings import Report
+from nan_hunter.findings import Report, TrainingSteps
 from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.training import script_patches
 from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
 from nan_hunter.training.distributed import (
@@ -53,7 +61,12 @@ from nan_hunter.training.distributed import (
     current_ranks,
     scanning_ranks,
 )
-from nan_hunter.training.model_copy import replay_copy, sharded
+from nan_hunter.training.model_copy import (
+    gather_full_state,
+    replay_copy,
+    sharded,
+    unsharded_copy,
+)
 from nan_hunter.training.rerun import ModelCall, StepPrecision, pick_call, rerun_call
 from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 
@@ -114,6 +127,8 @@ class ScriptWatch:
         """Optimizer steps checked."""
         self.problems = 0
         """Steps that tripped the check."""
+        self.backwards = 0
+        """Backward passes seen starting from a loss (one-element tensors)."""
         self.events: list[RunEvent] = []
         self.optimizers_seen = 0
         self._optimizers: set[int] = set()
@@ -141,8 +156,7 @@ class ScriptWatch:
         self.close()
 
     def install(self) -> None:
-        global _ACTIVE
-        _ACTIVE = self
+        script_patches.activate(self)
         nn_hooks = torch.nn.modules.module
         self._handles = [
             nn_hooks.register_module_forward_pre_hook(self._pre_forward),
@@ -152,12 +166,11 @@ class ScriptWatch:
             register_optimizer_step_pre_hook(self._before_update),
             register_optimizer_step_post_hook(self._after_update),
         ]
-        self._patches = [_BACKWARD, _SCALER_STEP, _SCALER_UPDATE]
+        self._patches = list(script_patches.PATCHES)
         for patch in self._patches:
             patch.acquire()
 
     def close(self) -> None:
-        global _ACTIVE
         handles, self._handles = self._handles, []
         patches, self._patches = self._patches, []
         guards, self._guards = self._guards, {}
@@ -169,8 +182,7 @@ class ScriptWatch:
                 guard.remove()
             for patch in patches:
                 patch.release()
-            if _ACTIVE is self:
-                _ACTIVE = None
+            script_patches.deactivate(self)
             self._calls, self._losses = [], []
 
     # ------------------------------------------------------------------ what the hooks see
@@ -201,9 +213,19 @@ class ScriptWatch:
             self._calls.append(call)
             del self._calls[:-MAX_CALLS]
 
-    def saw_backward(self, tensor: torch.Tensor) -> None:
-        if not self._busy and tensor.numel() == 1:
-            self._losses.append(tensor)
+    def saw_backward(self, tensors: Any) -> None:
+        """A backward starts from ``tensors`` (a tensor or a sequence, as
+        ``torch.autograd.backward`` takes them): the one-element ones are losses."""
+        if self._busy:
+            return
+        if isinstance(tensors, torch.Tensor):
+            tensors = (tensors,)
+        elif not isinstance(tensors, (tuple, list)):
+            return  # gradient edges: not a loss
+        losses = [t for t in tensors if isinstance(t, torch.Tensor) and t.numel() == 1]
+        if losses:
+            self.backwards += 1
+            self._losses += losses
             del self._losses[:-MAX_CALLS]
 
     # ------------------------------------------------------------------ step boundaries
@@ -390,33 +412,37 @@ class ScriptWatch:
         self, problem: Problem, optimizer: Any, scale: float | None, rerun: bool = True
     ) -> None:
         self.problems += 1
+        call = self._pick_call(optimizer)
+        gathered = self._gather_sharded(call)  # on every rank, or on none
         if len(self.events) >= self.max_reports:
             return
         step = self.steps + 1
-        call = self._pick_call(optimizer)
         report, why_not, model = None, "", ""
         if not rerun:
             why_not = "another rank re-runs its step"
         elif call is None:
             why_not = "no call of a model with trainable parameters was seen in this step"
-        elif sharded(unwrap_model(call.module)[0]):
-            model = type(unwrap_model(call.module)[0]).__name__
-            why_not = ("FSDP shards the model's parameters: a copy could only run with the other "
-                       "ranks (collectives)")
+        elif isinstance(gathered, str):
+            why_not = gathered
         else:
             module, _ = unwrap_model(call.module)
-            model = type(module).__name__
             self._busy = True
             try:
+                replay = (replay_copy(module) if gathered is None
+                          else unsharded_copy(module, gathered))
+                model = type(replay).__name__
                 report = rerun_call(
-                    call, replay_copy(module), self.settings, scale=scale,
+                    call, replay, self.settings, scale=scale,
                     precision_given=self.precision_given,
                 )
                 checked = f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
                 note = (f"training step {step}: {problem.detail}; {checked} checked before it; "
                         "re-run from the step's own inputs and weights")
-                report = dataclasses.replace(report, target=dataclasses.replace(
-                    report.target, notes=(*report.target.notes, note)))
+                report = dataclasses.replace(
+                    report,
+                    target=dataclasses.replace(report.target, notes=(*report.target.notes, note)),
+                    training=TrainingSteps(self.steps, step),
+                )
             except NanHunterError as exc:
                 why_not = f"the re-run failed: {first_line(exc)}"
             except Exception as exc:  # a model that cannot be copied, or an error of ours
@@ -427,6 +453,17 @@ class ScriptWatch:
         if report is not None:  # a failed re-run does not use up max_reports
             self.events.append(event)
         self.on_problem(event)
+
+    def _gather_sharded(self, call: ModelCall | None) -> dict[str, torch.Tensor] | str | None:
+        """FSDP: ``gather_full_state`` of the step's model, at the first ``max_reports`` problem
+        steps (a count every rank shares, so all ranks gather or none does)."""
+        module = unwrap_model(call.module)[0] if call is not None else None
+        if self.problems > self.max_reports:
+            if module is not None and sharded(module):
+                return ("FSDP shards the model's parameters, and its full state is gathered at "
+                        "the first max_reports problem steps only")
+            return None
+        return gather_full_state(module, self._current_ranks())
 
     def _pick_call(self, optimizer: Any) -> ModelCall | None:
         """The step's model call: of a module whose parameters the optimizer updates, the
@@ -456,44 +493,3 @@ def _bad_grads(optimizer: torch.optim.Optimizer) -> str:
     bad = [names[id(p)] for group in optimizer.param_groups for p in group["params"]
            if p.grad is not None and not bool(finite_flag([p.grad]))]
     return f" ({len(bad)} of the optimizer's parameters)" if bad else ""
-
-
-_ACTIVE: ScriptWatch | None = None
-
-
-def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if _ACTIVE is not None:
-            _ACTIVE.saw_backward(self)
-        return original(self, *args, **kwargs)
-
-    return backward
-
-
-def _wrap_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
-    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        active = _ACTIVE
-        if active is None or not self.is_enabled():
-            return original(self, optimizer, *args, **kwargs)
-        active.scaler_step(self, optimizer)
-        try:
-            return original(self, optimizer, *args, **kwargs)
-        finally:
-            active.scaler_step_done()
-
-    return step
-
-
-def _wrap_scaler_update(original: Callable[..., Any]) -> Callable[..., Any]:
-    def update(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        if _ACTIVE is not None and self.is_enabled():
-            _ACTIVE.scaler_updated(self)
-        return result
-
-    return update
-
-
-_BACKWARD = SharedPatch(torch.Tensor, "backward", _wrap_backward)
-_SCALER_STEP = SharedPatch(torch.amp.GradScaler, "step", _wrap_scaler_step)
-_SCALER_UPDATE = SharedPatch(torch.amp.GradScaler, "update", _wrap_scaler_update)

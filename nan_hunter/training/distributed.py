@@ -120,6 +120,24 @@ def choose_origin(codes: Sequence[int], has_error: Sequence[bool | None]) -> int
     return scanned[0] if scanned else None
 
 
+def settle(
+    ranks: Ranks, codes: Sequence[int], report: Any, report_to: ReportTo
+) -> tuple[Any, int | None]:
+    """After the scanning ranks re-ran their step (``report``: this rank's, or None), every rank
+    at the same call: the reports gathered (``exchange``), the origin chosen; returns the
+    origin's report as this rank receives it, and the origin rank (None when unknown here)."""
+    gathered = exchange(ranks, report, report_to)
+    if gathered is not None:
+        has_error = [None if r is None else r.errors > 0 for r in gathered]
+        origin = choose_origin(codes, has_error)
+        return (gathered[origin] if origin is not None else None), origin
+    # not a receiving rank: it knows the origin only when a rank's own loss broke
+    origin = choose_origin(codes, [None] * len(codes)) if OWN in codes else None
+    if origin is None or origin == ranks.rank:
+        return report, origin
+    return None, origin
+
+
 def rank_path(path: str, ranks: Ranks | None) -> str:
     """``--output``-style name per rank: ``nan.json`` -> ``nan.rank1.json`` (unchanged in a
     single process)."""

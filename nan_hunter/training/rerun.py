@@ -17,8 +17,9 @@ gradient is not finite anywhere, as after a NaN loss, the scan's default loss is
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -162,6 +163,39 @@ def _reaches(start: Any, target: Any) -> bool:
         seen.add(id(node))
         stack.extend(n for n, _ in node.next_functions)
     return False
+
+
+class KeepsCalls(Protocol):
+    def keep_call(self, module: torch.nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any], output: Any) -> None: ...
+
+
+class CallKeeper:
+    """A model's forward hook (``register_forward_hook(keeper, with_kwargs=True)``) handing
+    each call to ``owner.keep_call``, held by a weak reference. Deep copies of the model (the
+    re-run's) share it rather than copying the owner with it."""
+
+    def __init__(self, owner: KeepsCalls) -> None:
+        self._owner = weakref.ref(owner)
+
+    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], output: Any) -> None:
+        owner = self._owner()
+        if owner is not None:
+            owner.keep_call(module, args, kwargs, output)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CallKeeper:
+        return self
+
+
+class KeeperHandle:
+    """The handle of a ``CallKeeper``'s hook, told apart from an optimizer hook's."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def remove(self) -> None:
+        self._handle.remove()
 
 
 def pick_call(calls: list[ModelCall]) -> ModelCall | None:

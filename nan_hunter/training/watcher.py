@@ -20,9 +20,11 @@ Under ``torch.distributed`` (a process group with more than one rank) every ``w.
 ends with one all-reduce of a small flag vector, so all ranks agree on "problem at this step";
 see ``nan_hunter.training.distributed``.
 
-One concept, one file (``Watcher``'s state is shared by its hooks, its per-step check and its
-re-run, so they stay together); what ``run`` attaches to a script is ``training.attach``, the
-re-run of a real call ``training.rerun``, the copy it runs on ``training.model_copy``.
+``Watcher`` holds the state its hooks and its per-step check share; the optimizer pre-hook's
+look at the gradients is ``training.pre_step``, the re-run of a problem step
+``training.watch_rerun`` (from the real call, ``training.rerun``; on a copy,
+``training.model_copy``), the ranks' agreement ``training.distributed``. What ``run`` attaches
+to a script is ``training.attach``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,18 +40,15 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from nan_hunter.batch import Batch, LossFn
+from nan_hunter.batch import LossFn
 from nan_hunter.config import Settings
-from nan_hunter.errors import ConfigError, NanHunterError, first_line
-from nan_hunter.findings import Report
-from nan_hunter.options import explicitly_set, settings_with
+from nan_hunter.errors import ConfigError, first_line
+from nan_hunter.options import settings_with
 from nan_hunter.safe_write import write_file
 from nan_hunter.training.checks import (
     ScaleWatch,
     bad_grad_names,
-    finite_flag,
     grads_finite_flag,
-    params_finite,
     scaler_active,
 )
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
@@ -63,11 +60,10 @@ from nan_hunter.training.distributed import (
     Ranks,
     ReportTo,
     agree,
-    choose_origin,
     current_ranks,
-    exchange,
     rank_path,
     scanning_ranks,
+    settle,
 )
 from nan_hunter.training.events import (
     ON_PROBLEM,
@@ -76,57 +72,13 @@ from nan_hunter.training.events import (
     WatchEvent,
     summary_line,
 )
-from nan_hunter.training.model_copy import (
-    full_state,
-    replay_copy,
-    sharded,
-    unwrap_training_objects,
-)
-from nan_hunter.training.rerun import (
-    ModelCall,
-    OutputGradientLoss,
-    StepPrecision,
-    pick_call,
-    precision_settings,
-)
+from nan_hunter.training.model_copy import unwrap_training_objects
+from nan_hunter.training.pre_step import PreStepCheck
+from nan_hunter.training.rerun import CallKeeper, KeeperHandle, ModelCall, StepPrecision
 from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
+from nan_hunter.training.watch_rerun import Rerun, StepRerun
 
 log = logging.getLogger("nan_hunter")
-
-
-def _first_grad(params: list[torch.Tensor]) -> torch.Tensor | None:
-    return next((p.grad for p in params if p.grad is not None), None)
-
-
-@dataclass(frozen=True)
-class _HookSeen:
-    """What the optimizer pre-hook found, tied to the gradient tensors it looked at: a later
-    ``w.step`` only uses it for the very same gradients (same tensor, unchanged version)."""
-
-    ok: bool
-    snapshot: torch.nn.Module | None
-    grad: weakref.ref[torch.Tensor] | None
-    version: int
-
-    @classmethod
-    def of(cls, params: list[torch.Tensor], ok: bool,
-           snapshot: torch.nn.Module | None) -> _HookSeen:
-        g = _first_grad(params)
-        return cls(ok, snapshot, weakref.ref(g) if g is not None else None,
-                   g._version if g is not None else -1)
-
-    def same_gradients(self, params: list[torch.Tensor]) -> bool:
-        g = _first_grad(params)
-        if g is None or self.grad is None:
-            return g is None and self.grad is None
-        return self.grad() is g and g._version == self.version
-
-
-@dataclass(frozen=True)
-class _Rerun:
-    report: Report | None
-    why_not: str | None
-    pre_step: bool
 
 
 class Watcher:
@@ -202,15 +154,14 @@ class Watcher:
             if scaler_active(scaler)
             else None
         )
-        self._handles: list[RemovableHandle | _KeeperHandle] = []
+        self._handles: list[RemovableHandle | KeeperHandle] = []
         self._calls: list[ModelCall] = []
         """The model's calls since the last ``w.step`` (hook installed by ``with watch``)."""
         self._busy = False
-        self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self.announce = True
         """Log one warning line per kept problem (the framework callbacks log their own)."""
         self._clip: ClipGuard | None = None
-        self._seen: _HookSeen | None = None
+        self._pre_step = PreStepCheck(module, self._params, optimizer)
 
     @property
     def rank(self) -> int:
@@ -231,10 +182,10 @@ class Watcher:
             self._handles.append(self.optimizer.register_step_pre_hook(self._before_update))
             self._handles.append(self.optimizer.register_step_post_hook(self._after_update))
         if self.rerun_as is None and not any(
-            isinstance(h, _KeeperHandle) for h in self._handles
+            isinstance(h, KeeperHandle) for h in self._handles
         ):
-            keeper = _CallKeeper(self)
-            self._handles.append(_KeeperHandle(
+            keeper = CallKeeper(self)
+            self._handles.append(KeeperHandle(
                 self.module.register_forward_hook(keeper, with_kwargs=True)
             ))
         if self._scale is not None and self._clip is None:
@@ -261,7 +212,7 @@ class Watcher:
             for handle in handles:
                 handle.remove()
         finally:
-            self._seen = None
+            self._pre_step.clear()
             self._calls = []
             if clip is not None:
                 clip.remove()
@@ -290,32 +241,17 @@ class Watcher:
 
     def before_update(self) -> None:
         """Are the gradients about to be applied finite? If not, copy the model before the
-        update writes them into the weights. The optimizer's step pre-hook calls it; a loop whose
-        optimizer computes the gradients inside ``step(closure)`` (Lightning) calls it between
-        the backward and the update. (With an enabled GradScaler, ``scaler.step`` only calls
-        ``optimizer.step`` when they are finite.)"""
+        update writes them into the weights, and skip the update (``training.pre_step``). The
+        optimizer's step pre-hook calls it; a loop whose optimizer computes the gradients inside
+        ``step(closure)`` (Lightning) calls it between the backward and the update. (With an
+        enabled GradScaler, ``scaler.step`` only calls ``optimizer.step`` when they are
+        finite.)"""
         if self._scale is not None or self._busy:
             return
-        flag = grads_finite_flag(self._params)
-        ok = flag is None or bool(flag)
-        snapshot = None
-        if not ok and self._scanned < self.max_reports and not sharded(self.module):
-            try:
-                snapshot = replay_copy(self.module)
-            except Exception:  # not copyable: w.step re-runs the current weights, or says why not
-                snapshot = None
-        self._seen = _HookSeen.of(self._params, ok, snapshot)
-        if not ok and self.optimizer is not None:
-            # skip this update, as GradScaler skips a step: NaN must not reach the weights
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    self._set_aside.append((p, p.grad))
-                    p.grad = None
+        self._pre_step.before(copy=self._scanned < self.max_reports)
 
     def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        aside, self._set_aside = self._set_aside, []
-        for p, grad in aside:
-            p.grad = grad
+        self._pre_step.after()
 
     def keep_call(self, module: torch.nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any], output: Any) -> None:
@@ -355,9 +291,7 @@ class Watcher:
     def _step(self, batch: Any, loss: torch.Tensor | None) -> WatchEvent | None:
         index = self.steps
         self.steps += 1
-        seen, self._seen = self._seen, None
-        if seen is not None and not seen.same_gradients(self._params):
-            seen = None  # the hook saw another step's gradients (w.step came before the update)
+        seen = self._pre_step.take()
         hook_ok = seen.ok if seen is not None else None
         snapshot = seen.snapshot if seen is not None else None
 
@@ -425,26 +359,17 @@ class Watcher:
                 Reason.OTHER_RANK,
                 f"rank {', '.join(map(str, others))} saw a problem at this step",
             )
-        rerun = _Rerun(None, None, snapshot is not None or skipped)
+        rerun = Rerun(None, None, snapshot is not None or skipped)
         full_state = self._full_state()  # every rank takes part in the gather, or none does
         if ranks.rank in scanning_ranks(codes):
             try:
                 rerun = self._rerun(problem, batch, scale, snapshot, skipped, full_state)
             except Exception as exc:  # the other ranks wait in the gather: never leave it
-                rerun = _Rerun(
+                rerun = Rerun(
                     None, f"the re-run failed: {type(exc).__name__}: {first_line(exc)}",
                     rerun.pre_step,
                 )
-        gathered = exchange(ranks, rerun.report, self.report_to)
-        if gathered is not None:
-            has_error = [None if r is None else r.errors > 0 for r in gathered]
-            origin = choose_origin(codes, has_error)
-            report = gathered[origin] if origin is not None else None
-        else:  # not a receiving rank: it knows the origin only when a rank's own loss broke
-            origin = choose_origin(codes, [None] * len(codes)) if OWN in codes else None
-            report = rerun.report if origin == ranks.rank else None
-            if origin is None and rerun.report is not None:
-                report = rerun.report
+        report, origin = settle(ranks, codes, rerun.report, self.report_to)
         detail = problem.detail + (f" (not scanned: {rerun.why_not})" if rerun.why_not else "")
         if origin is not None and origin != ranks.rank:
             detail += f"; origin rank {origin}"
@@ -455,12 +380,16 @@ class Watcher:
         )
         return self._finish(event)
 
+    def _rerun_step(self) -> StepRerun:
+        """How a problem step is re-run, from the watcher's current configuration."""
+        return StepRerun(self.module, self.settings, self.loss_fn, self.rerun_as, self.unsharded)
+
     def _full_state(self) -> dict[str, torch.Tensor] | None:
-        """FSDP with ``unsharded``: the full state dict (a collective: called on every rank at
-        the same agreed problem step, or on none)."""
-        if self.unsharded is None or self._scanned >= self.max_reports:
+        """FSDP with ``unsharded``: the full state dict, unless no re-run is left to make (a
+        collective: called on every rank at the same agreed problem step, or on none)."""
+        if self._scanned >= self.max_reports:
             return None
-        return full_state(self.module) if sharded(self.module) else None
+        return self._rerun_step().full_state()
 
     def _rerun(
         self,
@@ -470,66 +399,15 @@ class Watcher:
         snapshot: torch.nn.Module | None,
         skipped: bool,
         full_state: dict[str, torch.Tensor] | None = None,
-    ) -> _Rerun:
-        pre_step = snapshot is not None or skipped
+    ) -> Rerun:
         if self._scanned >= self.max_reports:
-            return _Rerun(None, f"max_reports={self.max_reports} already made", pre_step)
-        if batch is None and not self._calls:
-            return _Rerun(None, "w.step() was given no batch", pre_step)
-        if sharded(self.module):
-            return self._rerun_sharded(batch, scale, full_state)
-        if not pre_step and not params_finite(self.module):
-            return _Rerun(
-                None,
-                "the optimizer already wrote non-finite values into the weights; pass the "
-                "optimizer to watch() so the weights are copied before the update",
-                pre_step,
-            )
-        replay = snapshot
-        if replay is None:
-            try:
-                replay = replay_copy(self.module)
-            except Exception as exc:  # a module holding something that cannot be copied
-                return _Rerun(None, f"the model cannot be deep-copied: {first_line(exc)}", pre_step)
-        return self._scan_replay(replay, batch, scale, pre_step)
-
-    def _rerun_sharded(
-        self, batch: Any, scale: float | None, full_state: dict[str, torch.Tensor] | None
-    ) -> _Rerun:
-        if self.unsharded is None or full_state is None:
-            return _Rerun(
-                None,
-                "FSDP shards the module's parameters: a copy could only run with collectives; "
-                "pass unsharded=<a function building the plain model> to watch()",
-                False,
-            )
+            made = f"max_reports={self.max_reports} already made"
+            return Rerun(None, made, snapshot is not None or skipped)
+        self._busy = True  # the re-run's own forward and optimizer calls are not the loop's
         try:
-            fresh = self.unsharded()
-            fresh.load_state_dict(full_state)
-        except Exception as exc:
-            return _Rerun(
-                None, f"unsharded() did not take the gathered state: {first_line(exc)}", False
-            )
-        flag = finite_flag(full_state.values())
-        if flag is not None and not bool(flag):
-            return _Rerun(
-                None,
-                "the optimizer already wrote non-finite values into the weights; with FSDP call "
-                "w.step() after the backward and before optimizer.step()",
-                False,
-            )
-        fresh.train(self.module.training)
-        return self._scan_replay(fresh, batch, scale, False)
-
-    def _scan_replay(
-        self, replay: torch.nn.Module, batch: Any, scale: float | None, pre_step: bool
-    ) -> _Rerun:
-        try:
-            if self.rerun_as is not None:
-                replay = self.rerun_as(replay)
-            return _Rerun(self._scan(replay, batch, scale), None, pre_step)
-        except NanHunterError as exc:
-            return _Rerun(None, f"the re-run failed: {exc}", pre_step)
+            return self._rerun_step().run(batch, self._calls, scale, snapshot, skipped, full_state)
+        finally:
+            self._busy = False
 
     def _finish(self, event: WatchEvent) -> WatchEvent:
         if self._scanned < self.max_reports:
@@ -549,65 +427,9 @@ class Watcher:
             raise TrainingProblem(event)
         return event
 
-    def _scan(self, replay: torch.nn.Module, batch: Any, scale: float | None) -> Report:
-        """The scan models the loss scale the step ran with: the GradScaler's current scale,
-        or no scaling without one, unless ``grad_scale`` was set explicitly. With the model's
-        real call of this step (``with watch``), the re-run takes its inputs from that call, its
-        precision from how the call ran when it ran in FP16/BF16 (unless ``dtype``/``mode`` were
-        set), and, without a
-        ``loss_fn``, its backward from the real gradient at the model's outputs."""
-        from nan_hunter.api import scan
-
-        settings = self.settings
-        if not explicitly_set(settings, "grad_scale"):
-            settings = dataclasses.replace(settings, grad_scale=scale)
-        call = pick_call(self._calls)
-        if call is None:
-            return scan(replay, batch, self.loss_fn, settings=settings)
-        # an FP32 step keeps the configured dtype: a watched FP32 run (a CPU run, a callback's)
-        # stands in for the FP16 one it predicts; `nan-hunter run` analyses it in FP32
-        settings = precision_settings(settings, call.precision, fp32=False)
-        loss_fn = self.loss_fn
-        if loss_fn is None:
-            real = OutputGradientLoss(call.grads, scale)
-            loss_fn = real if real.usable else None
-        raw = batch if batch is not None else (call.args, call.kwargs)
-        self._busy = True
-        try:
-            return scan(replay, Batch(call.args, call.kwargs, raw), loss_fn, settings=settings)
-        finally:
-            self._busy = False
-
 
 _MAX_CALLS = 64
 """Model calls kept between two ``w.step`` calls (gradient accumulation)."""
-
-
-class _CallKeeper:
-    """The model's forward hook. Deep copies of the model (the re-run's) share it rather than
-    copying the watcher with it."""
-
-    def __init__(self, watcher: Watcher) -> None:
-        self._watcher = weakref.ref(watcher)
-
-    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], output: Any) -> None:
-        watcher = self._watcher()
-        if watcher is not None:
-            watcher.keep_call(module, args, kwargs, output)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _CallKeeper:
-        return self
-
-
-class _KeeperHandle:
-    """The forward hook's handle, told apart from the optimizer's."""
-
-    def __init__(self, handle: RemovableHandle) -> None:
-        self._handle = handle
-
-    def remove(self) -> None:
-        self._handle.remove()
 
 
 def watch(

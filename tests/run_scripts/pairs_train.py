@@ -6,7 +6,9 @@ step 12 under FP16 autocast (CPU). Flags change the loop: ``--steps N``, ``--no-
 ``--fp32`` (no autocast), ``--nan-at K`` (a NaN in the batch of step K), ``--fail-at K`` (the
 forward raises at step K), ``--exit CODE`` (``sys.exit(CODE)`` at the end), ``--kwargs`` (the
 model called with keyword arguments), ``--catch`` (the loop catches ``Exception`` and prints it),
-``--clip`` (clips before ``scaler.unscale_``, with ``clip_grad_norm_`` imported by name).
+``--clip`` (clips before ``scaler.unscale_``, with ``clip_grad_norm_`` imported by name),
+``--backward function|imported`` (the backward started by ``torch.autograd.backward([loss])``,
+or by ``backward(loss)`` imported from ``torch.autograd``, instead of ``loss.backward()``).
 """
 
 import argparse
@@ -14,6 +16,7 @@ import sys
 
 import torch
 from torch import nn
+from torch.autograd import backward
 from torch.nn.utils import clip_grad_norm_
 
 
@@ -57,7 +60,12 @@ def train(model: nn.Module, args: argparse.Namespace) -> None:
             scores = model(x=x, temperature=1.0) if args.kwargs else model(x)
             scores = scores.float()
             loss = 1e-5 * scores.pow(2).mean() - scores.diagonal().mean()
-        scaler.scale(loss).backward()
+        if args.backward == "function":
+            torch.autograd.backward([scaler.scale(loss)])
+        elif args.backward == "imported":
+            backward(scaler.scale(loss))
+        else:
+            scaler.scale(loss).backward()
         if args.clip:
             clip_grad_norm_(model.parameters(), 1.0)  # clips scaled gradients
         scaler.step(optimizer)
@@ -76,6 +84,7 @@ def main() -> int:
     parser.add_argument("--kwargs", action="store_true")
     parser.add_argument("--catch", action="store_true")
     parser.add_argument("--clip", action="store_true")
+    parser.add_argument("--backward", choices=("method", "function", "imported"), default="method")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = PairModel()
