@@ -429,7 +429,7 @@ class _TracedForward:
         model, batch, tracer, modules = self._model, self._batch, self._tracer, self._modules
         if self._half:
             with user_errors(modules, f"the cast to {self._fmt.name} (model.half())"):
-                self._kept = cast_model(model, self._fmt.dtype)  # passes the call on
+                self._kept = cast_model(model, self._fmt.dtype)
             batch = _batch_to(batch, self._fmt.dtype)
         elif self._fp32:  # FP32 reference: FP16/BF16 weights (a model.half()) and inputs too
             to_dtype(model, torch.float32, only=LOW_PRECISION_DTYPES)
@@ -439,11 +439,11 @@ class _TracedForward:
         )
         with modules, self._numerics(None), self._ops, precision, queries:
             with user_errors(modules, "forward"):
-                output = model(*batch.args, **batch.kwargs)  # passes the call on
+                output = model(*batch.args, **batch.kwargs)
             tracer.in_loss = True
             if self._loss_fn is not None:
                 with user_errors(modules, "loss_fn"):
-                    loss = self._loss_fn(output, batch.raw)  # passes the call on
+                    loss = self._loss_fn(output, batch.raw)
             else:
                 with tracer.paused(), user_errors(modules, "the default loss"):
                     loss = default_loss(output)
@@ -485,7 +485,7 @@ class _TracedForward:
                 modules, trims_paced_by(weights), self._numerics(gradients), hooks,
                 user_errors(modules, "backward"),
             ):
-                grads = torch.autograd.grad(  # passes the call on
+                grads = torch.autograd.grad(
                     scaled, params, allow_unused=True, retain_graph=retain
                 )
             backward_ran = True

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nan_hunter.errors import PassSignal
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
@@ -69,7 +70,7 @@ class Boundary:
     record: GradRecord
 
 
-class UnmeasuredGradient(RuntimeError):
+class UnmeasuredGradient(PassSignal):
     """A parameter's gradient was rounded where no parameter was in sight, without its
     histogram: the pass must run again with every gradient of a parameter's size measured."""
 

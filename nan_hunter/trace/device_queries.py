@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from nan_hunter.errors import ours
 from nan_hunter.project import is_installed
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.trace.call_sites import frame_origin
@@ -98,13 +99,19 @@ def _asking(original: Callable[..., Any], asked: str) -> Callable[..., Any]:
     def asking(*args: Any, **kwargs: Any) -> Any:
         listener = getattr(_LISTENERS, "current", None)
         if listener is not None:
-            frame = sys._getframe(1)
-            filename = frame.f_code.co_filename
-            if frame_origin(filename) == "user" and not is_installed(filename):
-                listener(asked, frame)
-        return original(*args, **kwargs)  # passes the call on
+            _tell(listener, asked, sys._getframe(1))
+        return original(*args, **kwargs)
 
     return asking
+
+
+@ours
+def _tell(listener: Callable[[str, FrameType], None], asked: str, frame: FrameType) -> None:
+    """Passes a query from the user's project code (``frame``) on to ``listener``: our own
+    code inside the model's call (its failure is an ``InternalError``)."""
+    filename = frame.f_code.co_filename
+    if frame_origin(filename) == "user" and not is_installed(filename):
+        listener(asked, frame)
 
 
 CUDA_QUERIES = (

@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
 from nan_hunter._nest import call_leaves, leaves, output_leaves
-from nan_hunter.errors import UnsupportedError
+from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError, UnsupportedError, ours
 from nan_hunter.location import SourceLocation
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.formats import FloatFormat
@@ -225,34 +225,53 @@ class OpTracer(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if self._paused:
-            return func(*args, **kwargs)  # passes the call on
-        name = _base_name(func)
-        flat = call_leaves(args, kwargs)
-        in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-        self._watch_custom_functions(in_tensors)
-        if name in _VIEW_OPS:
-            out = func(*args, **kwargs)  # passes the call on
-            self._inherit_producer(out, in_tensors)
+            return func(*args, **kwargs)
+        # Our bookkeeping before and after the op is ours (``InternalError``); the op call is
+        # the model's. Inline ``try``s: free when nothing raises, and no call per op.
+        try:
+            name = _base_name(func)
+            flat = call_leaves(args, kwargs)
+            in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+            self._watch_custom_functions(in_tensors)
+            view = name in _VIEW_OPS
+            if not view:
+                inplace = _is_inplace(name, kwargs)
+                if inplace and in_tensors:
+                    # The op writes a tensor that may wait in the queue: take its statistics.
+                    self._queue.flush()
+                in_slots = tuple(self._slot_of(t) for t in in_tensors)
+                producers = tuple(self._producer.get(t) for t in in_tensors)
+                if self._before_write is not None and in_tensors and inplace:
+                    _protect_written(self._before_write, kwargs, in_tensors)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
+        if view:
+            out = func(*args, **kwargs)
+            try:
+                self._inherit_producer(out, in_tensors)
+            except OURS_AS_THEY_ARE:
+                raise
+            except Exception as exc:
+                raise InternalError(exc) from exc
             return out
-        inplace = _is_inplace(name, kwargs)
-        if inplace and in_tensors:
-            # The op writes a tensor that may wait in the queue: take its statistics first.
-            self._queue.flush()
-        in_slots = tuple(self._slot_of(t) for t in in_tensors)
-        producers = tuple(self._producer.get(t) for t in in_tensors)
-        if self._before_write is not None and in_tensors and inplace:
-            _protect_written(self._before_write, kwargs, in_tensors)
-        out, failure = call_or_replay(func, args, kwargs)  # passes the call on
-        out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
-        if inplace and in_tensors:
-            self._stats.pop(in_tensors[0], None)
-            if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
-                out_tensors = [in_tensors[0]]
-        if not out_tensors:
-            if in_tensors and not self.in_loss and may_ask_device(func):
-                self._note_device_query(func)
-            return out
-        self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
+        out, failure = call_or_replay(func, args, kwargs)
+        try:
+            out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
+            if inplace and in_tensors:
+                self._stats.pop(in_tensors[0], None)
+                if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
+                    out_tensors = [in_tensors[0]]
+            if not out_tensors:
+                if in_tensors and not self.in_loss and may_ask_device(func):
+                    self._note_device_query(func)
+                return out
+            self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
         return out
 
     def note_cuda_query(self, asked: str, frame: Any) -> None:
@@ -516,12 +535,17 @@ class UntracedOps(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        name = _base_name(func)
-        if name not in _VIEW_OPS and _is_inplace(name, kwargs):
-            in_tensors = [x for x in call_leaves(args, kwargs) if isinstance(x, torch.Tensor)]
-            if in_tensors:
-                _protect_written(self._before_write, kwargs, in_tensors)
-        return call_or_replay(func, args, kwargs)[0]  # passes the call on
+        try:
+            name = _base_name(func)
+            if name not in _VIEW_OPS and _is_inplace(name, kwargs):
+                in_tensors = [x for x in call_leaves(args, kwargs) if isinstance(x, torch.Tensor)]
+                if in_tensors:
+                    _protect_written(self._before_write, kwargs, in_tensors)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
+        return call_or_replay(func, args, kwargs)[0]
 
 
 def _backward_location(function: type) -> SourceLocation | None:
@@ -573,14 +597,14 @@ def call_or_replay(
     """``func(*args, **kwargs)``, and None; for an op CUDA's autocast refuses, where CUDA would
     stop, the op run again in FP32 (so the scan goes on), and the refusal to report."""
     try:
-        return func(*args, **kwargs), None  # passes the call on
+        return func(*args, **kwargs), None
     except RuntimeError as exc:
-        failure = policy_failure(exc)
+        failure = ours(policy_failure)(exc)  # ours, between the op and its replay
         if failure is None:
             raise
-        result = replay_in_fp32(func, args, kwargs)  # passes the call on
+        result = replay_in_fp32(func, args, kwargs)
         if failure.kind == "scalar_overflow":
-            result = _as_written(result, args)
+            result = ours(_as_written)(result, args)
         return result, failure
 
 
@@ -613,6 +637,7 @@ class _BackwardHooks:
     def _hook_for(self, index: int) -> Callable[[Any, Any], None]:
         tracer = self._tracer
 
+        @ours
         def hook(grad_inputs: Any, grad_outputs: Any) -> None:
             tracer._on_node(index, grad_inputs, grad_outputs)
 
