@@ -63,11 +63,12 @@ from speed import build
 from nan_hunter.api import scan
 from nan_hunter.batch import Batch
 from nan_hunter.config import Settings
+from nan_hunter.pass_state import fewer_collections
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import GradientLog
-from nan_hunter.runner import PassResult, PassRunner, fewer_collections
+from nan_hunter.runner import PassResult, PassRunner
 from nan_hunter.trace import tracer
 from nan_hunter.trace.deferred import StatsQueue
 from nan_hunter.trace.tracer import _VIEW_OPS, UntracedOps, _base_name
