@@ -101,7 +101,8 @@ class TracedForward:
         exact_zeros: bool = True,
         traced: bool = True,
     ) -> None:
-        from nan_hunter.trace.tracer import OpTracer, UntracedOps
+        from nan_hunter.trace.op_calls import UntracedOps
+        from nan_hunter.trace.tracer import OpTracer
 
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._numerics, self._half, self._backward = numerics, half, backward

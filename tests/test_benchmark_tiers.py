@@ -46,9 +46,9 @@ def test_the_checked_screen_checks_what_the_scan_checks_in_the_forward(
     tiers: ModuleType,
 ) -> None:
     model, batch = _ophavy(tiers)
-    original = tiers.tracer.UntracedOps
+    original = tiers.op_calls.UntracedOps
     result, made = tiers.checked_pass(model, batch)
-    assert tiers.tracer.UntracedOps is original  # put back
+    assert tiers.op_calls.UntracedOps is original  # put back
     assert len(made) == 1 and result.events == () and result.backward_ran
     (mode,) = made
     checks = len(mode.queue._results)

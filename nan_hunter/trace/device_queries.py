@@ -11,6 +11,7 @@ module tells them apart from the many harmless reads of ``x.device`` (``device=x
 from __future__ import annotations
 
 import dis
+import linecache
 import sys
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from nan_hunter.errors import ours
+from nan_hunter.location import SourceLocation
 from nan_hunter.project import is_installed
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.trace.call_sites import frame_origin
@@ -89,6 +91,28 @@ def _compares_type(code: CodeType, offset: int) -> bool:
 
 
 _COMPARISONS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP"})
+
+_MODE_FRAMES = frozenset({"__torch_function__", "call_or_replay"})
+"""Frames of nan_hunter's own modes that pass a call on (seen between a call and its caller)."""
+
+
+def asking_frame(frame: FrameType | None) -> FrameType | None:
+    """The frame that made a call, past the frames of our own modes stacked between it and
+    ``frame`` (the caller of the mode that saw the call)."""
+    while (
+        frame is not None
+        and frame.f_code.co_name in _MODE_FRAMES
+        and frame_origin(frame.f_code.co_filename) == "own"
+    ):
+        frame = frame.f_back
+    return frame
+
+
+def query_site(frame: FrameType) -> SourceLocation:
+    """Where ``frame`` is: the file, the line and its code."""
+    line = frame.f_lineno or 0
+    code = linecache.getline(frame.f_code.co_filename, line).strip()
+    return SourceLocation(file=frame.f_code.co_filename, line=line, code=code)
 
 
 _LISTENERS = threading.local()

@@ -30,6 +30,7 @@ import nan_hunter.precision.gradients as gradients
 import nan_hunter.precision.override as override
 import nan_hunter.precision.replay as replay
 import nan_hunter.trace.device_queries as device_queries
+import nan_hunter.trace.op_calls as op_calls
 import nan_hunter.trace.tracer as tracer
 from nan_hunter.api import scan
 from nan_hunter.errors import InternalError, UserCodeError, converts
@@ -95,15 +96,15 @@ class _AsksForCuda(_Model):
 
 # -- our own failures: InternalError, from the original ------------------------------------------
 _OURS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], type[nn.Module], dict[str, str]]] = [
-    ("tracer-before-the-op", lambda m: m.setattr(tracer, "_is_inplace", _bug), _Model, {}),
+    ("tracer-before-the-op", lambda m: m.setattr(tracer, "is_inplace", _bug), _Model, {}),
     ("tracer-after-the-op", lambda m: m.setattr(tracer.OpTracer, "_record", _bug), _Model, {}),
     ("tracer-view-op", lambda m: m.setattr(tracer.OpTracer, "_inherit_producer", _bug),
      _Viewed, {}),
-    ("tracer-custom-function", lambda m: m.setattr(tracer, "_backward_location", _bug),
+    ("tracer-custom-function", lambda m: m.setattr(tracer, "backward_location", _bug),
      _CustomFunction, {}),
     ("tracer-backward-node-hook", lambda m: m.setattr(tracer.OpTracer, "_on_node", _bug),
      _Model, {}),
-    ("tracer-refusal-check", lambda m: m.setattr(tracer, "policy_failure", _bug),
+    ("tracer-refusal-check", lambda m: m.setattr(op_calls, "policy_failure", _bug),
      _ShapeError, {}),
     ("module-tracker-hook", lambda m: m.setattr(tracer, "output_leaves", _bug), _Model, {}),
     ("model-state-protect", lambda m: m.setattr(model_state.ModelState, "protect", _bug),
