@@ -26,7 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nan_hunter._nest import call_leaves, map_leaves
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.precision import heap
-from nan_hunter.precision.gradients import GradientLog, current_node
+from nan_hunter.precision.grad_nodes import current_node
+from nan_hunter.precision.gradients import GradientLog
 
 aten = torch.ops.aten
 

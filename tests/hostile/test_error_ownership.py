@@ -114,7 +114,7 @@ _OURS: list[tuple[str, Callable[[pytest.MonkeyPatch], None], type[nn.Module], di
     ("emulation-rounding", lambda m: m.setattr(emulation, "_down", _bug), _Model, {}),
     ("emulation-gradient-log-of-a-cast", lambda m: m.setattr(emulation, "_log_native", _bug),
      _Model, {}),
-    ("gradient-log", lambda m: m.setattr(gradients, "_fill_row", _bug), _Model, {}),
+    ("gradient-log", lambda m: m.setattr(gradients, "fill_row", _bug), _Model, {}),
     ("fp32-replay-casts", lambda m: m.setattr(replay, "tree_map", _bug), _BannedOp, {}),
     ("autocast-policy-casts", lambda m: m.setattr(override, "_cast_to", _bug), _Model,
      {"numerics": "real"}),
@@ -171,7 +171,7 @@ def test_our_module_hook_through_the_tracer_is_ours(monkeypatch: pytest.MonkeyPa
 
 def test_our_bug_inside_a_standard_library_call_is_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     # the gradient log calls copy.deepcopy(dest, data, rounded): AttributeError inside copy.py
-    monkeypatch.setattr(gradients, "_fill_row", copy.deepcopy)
+    monkeypatch.setattr(gradients, "fill_row", copy.deepcopy)
     torch.manual_seed(0)
     with pytest.raises(InternalError) as raised:
         scan(_Model(), torch.randn(4, 8))
