@@ -59,6 +59,7 @@ def run_pass(
     tracer's sight (``StaleStatistics``), the pass runs again, RNG state rewound, reading every
     tensor back as it is seen.
     """
+
     def no_numerics(_: GradientLog | None) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()  # ``numerics`` wraps the whole pass instead
 
@@ -234,9 +235,7 @@ class PassRunner:
             self._forward = forward
             self.forwards += 1
             forward.run(self._precision())
-            retain = self._policy.reuse_graph and (
-                0 <= forward.output_bytes <= self._retain_bytes
-            )
+            retain = self._policy.reuse_graph and (0 <= forward.output_bytes <= self._retain_bytes)
             result = forward.backward(scale, gradients, retain=retain, events=events)
             if not retain:
                 self.close()

@@ -156,9 +156,7 @@ class TracedForward:
         elif self._fp32:  # FP32 reference: FP16/BF16 weights (a model.half()) and inputs too
             to_dtype(model, torch.float32, only=LOW_PRECISION_DTYPES)
             batch = _batch_to(batch, torch.float32, only=LOW_PRECISION_DTYPES)
-        queries = (
-            CudaQueries(tracer.note_cuda_query) if self._traced else contextlib.nullcontext()
-        )
+        queries = CudaQueries(tracer.note_cuda_query) if self._traced else contextlib.nullcontext()
         with modules, self._numerics(None), self._ops, precision, queries:
             with user_errors(modules, "forward"):
                 output = model(*batch.args, **batch.kwargs)
@@ -204,12 +202,13 @@ class TracedForward:
             hooks = tracer.backward_hooks() if events else contextlib.nullcontext()
             weights = sum(p.numel() * p.element_size() for p in params)
             with (
-                modules, trims_paced_by(weights), self._numerics(gradients), hooks,
+                modules,
+                trims_paced_by(weights),
+                self._numerics(gradients),
+                hooks,
                 user_errors(modules, "backward"),
             ):
-                grads = torch.autograd.grad(
-                    scaled, params, allow_unused=True, retain_graph=retain
-                )
+                grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
             backward_ran = True
             if all(g is None for g in grads):
                 skipped = "no parameter gets a gradient from the loss"
@@ -282,8 +281,7 @@ def _batch_to(
 ) -> Batch:
     """The batch's floating tensors (of the dtypes ``only``, when given) in ``dtype``."""
     return batch.map(
-        lambda x: x.to(dtype) if x.is_floating_point() and (only is None or x.dtype in only)
-        else x
+        lambda x: x.to(dtype) if x.is_floating_point() and (only is None or x.dtype in only) else x
     )
 
 

@@ -122,90 +122,70 @@ class LowPrecisionEmulation(TorchDispatchMode):
             raise InternalError(exc) from exc
         if not emulated:
             out = func(*args, **kwargs)
-            if log is not None:
-                try:
-                    _log_native(log, args, out, self.low)
-                except OURS_AS_THEY_ARE:
-                    raise
-                except Exception as exc:
-                    raise InternalError(exc) from exc
+            try:
+                if log is not None and args and _same_shape_tensors(args[0], out):
+                    if args[0].dtype == torch.float32 and out.dtype == self.low:
+                        log.record(args[0], out, boundary=True)  # an FP32 gradient cast down
+                    else:
+                        log.inherit(args[0], out)  # a transpose or the cast back to FP32
+            except OURS_AS_THEY_ARE:
+                raise
+            except Exception as exc:
+                raise InternalError(exc) from exc
             return out
         try:
-            up_args, up_kwargs = self._upcast(func, args, kwargs, in_backward)
+            low = self.low
+            upcasts = self._upcasts
+            if in_backward:
+                # Only the node's own formula (called by the engine, not from Python) shares
+                # copies: a hook or a saved-tensor hook runs as the same node, and may write a
+                # tensor through ``.data`` (no new version) between two reads.
+                upcasts.enter(current_node(), sys._getframe(1).f_code is _ENGINE_CODE)
+
+            def up(x: Any) -> Any:
+                if not isinstance(x, torch.Tensor) or x.dtype != low:
+                    return x
+                return upcasts.up(x) if in_backward else x.float()
+
+            up_args: tuple[Any, ...] | None = None
+            if flat:  # most calls: no nesting, no dtype argument
+                up_args = tuple([up(x) for x in args])
+                up_kwargs = {key: up(x) for key, x in kwargs.items()} if kwargs else kwargs
+            else:
+                # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=
+                # ...)``): emulated only when it names the low dtype, computing in FP32 instead.
+                new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
+                if ok:
+                    args, kwargs = new_args, new_kwargs
+                    up_args, up_kwargs = map_leaves(up, args), map_leaves(up, kwargs)
         except OURS_AS_THEY_ARE:
             raise
         except Exception as exc:
             raise InternalError(exc) from exc
-        if up_args is None:  # a dtype argument other than the low one: the real kernel
+        if up_args is None:  # another dtype named: the real kernel
             return func(*args, **kwargs)
         self.emulated += 1
         out = func(*up_args, **up_kwargs)
         try:
-            return self._round(func, args, out, in_backward, log)
+            if in_backward:  # the new upcast copies and the FP32 result go by the node's end
+                self.heap.freed(upcasts.take_copied() + _fp32_bytes(out))
+            keep = _fp32_outputs(func, args)
+
+            def down(x: Any) -> Any:
+                rounded = _down(x, low)
+                if log is not None and rounded is not x:
+                    log.record(x, rounded)
+                return rounded
+
+            if isinstance(out, torch.Tensor):
+                return out if 0 in keep else down(out)
+            if isinstance(out, (tuple, list)):
+                return type(out)(x if i in keep else down(x) for i, x in enumerate(out))
+            return map_leaves(down, out)
         except OURS_AS_THEY_ARE:
             raise
         except Exception as exc:
             raise InternalError(exc) from exc
-
-    def _upcast(
-        self,
-        func: torch._ops.OpOverload,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        in_backward: bool,
-    ) -> tuple[Any, Any]:
-        """The call's arguments with its ``low`` tensors in FP32 (and a ``dtype=low`` argument
-        as FP32); (None, None) when it names another dtype (left to the real kernel)."""
-        low = self.low
-        upcasts = self._upcasts
-        if in_backward:
-            # Only the node's own formula (called by the engine, not from Python) shares copies:
-            # a hook or a saved-tensor hook runs as the same node, and may write a tensor
-            # through ``.data`` (no new version) between two reads. (Frame 2: the caller of
-            # ``__torch_dispatch__``.)
-            upcasts.enter(current_node(), sys._getframe(2).f_code is _ENGINE_CODE)
-
-        def up(x: Any) -> Any:
-            if not isinstance(x, torch.Tensor) or x.dtype != low:
-                return x
-            return upcasts.up(x) if in_backward else x.float()
-
-        if _flat(args) and (not kwargs or _flat(kwargs.values())):  # most calls
-            up_args = tuple([up(x) for x in args])
-            return up_args, ({key: up(x) for key, x in kwargs.items()} if kwargs else kwargs)
-        # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=...)``):
-        # emulate only when it names the low dtype itself, computing in FP32 instead.
-        new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
-        if not ok:
-            return None, None
-        return map_leaves(up, new_args), map_leaves(up, new_kwargs)
-
-    def _round(
-        self,
-        func: torch._ops.OpOverload,
-        args: tuple[Any, ...],
-        out: Any,
-        in_backward: bool,
-        log: GradientLog | None,
-    ) -> Any:
-        """The FP32 result ``out`` rounded to ``low`` (those outputs the real kernels return in
-        low precision), each rounding logged in ``log`` (a backward's gradients)."""
-        low = self.low
-        if in_backward:  # the new upcast copies and the FP32 result are freed (by the node's end)
-            self.heap.freed(self._upcasts.take_copied() + _fp32_bytes(out))
-        keep = _fp32_outputs(func, args)
-
-        def down(x: Any) -> Any:
-            rounded = _down(x, low)
-            if log is not None and rounded is not x:
-                log.record(x, rounded)
-            return rounded
-
-        if isinstance(out, torch.Tensor):
-            return out if 0 in keep else down(out)
-        if isinstance(out, (tuple, list)):
-            return type(out)(x if i in keep else down(x) for i, x in enumerate(out))
-        return map_leaves(down, out)
 
     def __exit__(self, *exc: object) -> None:
         self._upcasts.clear()
@@ -317,16 +297,6 @@ def _fp32_bytes(values: Any) -> int:
     return sum(
         x.numel() * 4 for x in values if isinstance(x, torch.Tensor) and x.dtype == torch.float32
     )
-
-
-def _log_native(log: GradientLog, args: tuple[Any, ...], out: Any, low: torch.dtype) -> None:
-    """A backward's op left to the real kernel: an FP32 gradient cast down to ``low`` is
-    recorded (a boundary); a transpose or the cast back to FP32 inherits its source's record."""
-    if args and _same_shape_tensors(args[0], out):
-        if args[0].dtype == torch.float32 and out.dtype == low:
-            log.record(args[0], out, boundary=True)
-        else:
-            log.inherit(args[0], out)
 
 
 def _same_shape_tensors(a: Any, b: Any) -> bool:
