@@ -57,15 +57,6 @@ def frame_origin(filename: str) -> str:
     return "user"
 
 
-def own_module_path(filename: str) -> str | None:
-    """The path of one of nan_hunter's files inside the package (``"trace/tracer.py"``),
-    whatever the package's folder is called where it really lies (a symlinked install); None
-    for any other file."""
-    if frame_origin(filename) != "own":
-        return None
-    return Path(filename).resolve().as_posix()[len(_OWN_ROOT) :]
-
-
 def user_frame(start: FrameType) -> tuple[FrameType | None, bool]:
     """The frame to blame for an op called at ``start``, and whether it is the user's own code.
 
