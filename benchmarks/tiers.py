@@ -63,14 +63,15 @@ from speed import build
 from nan_hunter.api import scan
 from nan_hunter.batch import Batch
 from nan_hunter.config import Settings
+from nan_hunter.pass_state import fewer_collections
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import GradientLog
-from nan_hunter.runner import PassResult, PassRunner, fewer_collections
-from nan_hunter.trace import tracer
+from nan_hunter.runner import PassResult, PassRunner
+from nan_hunter.trace import op_calls
 from nan_hunter.trace.deferred import StatsQueue
-from nan_hunter.trace.tracer import _VIEW_OPS, UntracedOps, _base_name
+from nan_hunter.trace.op_calls import VIEW_OPS, UntracedOps, base_name
 
 SCALE = 2.0**16
 """GradScaler's initial scale, which the default scan uses too."""
@@ -127,7 +128,7 @@ class CheckedOps(UntracedOps):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = super().__torch_function__(func, types, args, kwargs)
-        if _base_name(func) not in _VIEW_OPS:
+        if base_name(func) not in VIEW_OPS:
             for x in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(x, torch.Tensor) and x.is_floating_point():
                     self.queue.add(x, False)
@@ -144,12 +145,12 @@ def checked_forwards() -> Iterator[list[CheckedOps]]:
         made.append(CheckedOps(before_write))
         return made[-1]
 
-    original = tracer.UntracedOps
-    tracer.UntracedOps = make  # type: ignore[assignment,misc]
+    original = op_calls.UntracedOps
+    op_calls.UntracedOps = make  # type: ignore[assignment,misc]
     try:
         yield made
     finally:
-        tracer.UntracedOps = original  # type: ignore[misc]
+        op_calls.UntracedOps = original  # type: ignore[misc]
 
 
 def _plan() -> PrecisionPlan:

@@ -202,6 +202,11 @@ def main() -> None:
 
 
 def _summary(exc: BaseException) -> str:
+    """``Type: first line`` of ``exc``; of the original exception for an ``InternalError``
+    (its traceback, which ``--debug`` shows, holds both)."""
+    from nan_hunter.errors import unwrap
+
+    exc = unwrap(exc)
     try:
         text = str(exc).strip().splitlines()
     except Exception:  # its __str__ raises: the type alone

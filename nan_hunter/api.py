@@ -71,7 +71,9 @@ def scan(
       both severities; ``Report.exit_code(fail_on)`` applies one).
 
     An unknown option or a bad value raises ``nan_hunter.errors.ConfigError``, an error in the
-    model's own code ``nan_hunter.errors.UserCodeError``. A model wrapped by
+    model's own code ``nan_hunter.errors.UserCodeError``, a failure of nan-hunter's own code
+    while the model ran ``nan_hunter.errors.InternalError`` (a bug to report; ``original`` is
+    the exception it stands for). A model wrapped by
     ``torch.compile``, ``DataParallel`` or ``DistributedDataParallel`` is unwrapped and its
     original module scanned. The model is left bit-identical (parameters, buffers, ``.grad``,
     train/eval mode, hooks, ``requires_grad``).

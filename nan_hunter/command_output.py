@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 import typer
 
 from nan_hunter.cli_options import EXIT_ERROR
-from nan_hunter.errors import NanHunterError, first_line
+from nan_hunter.errors import NanHunterError, first_line, unwrap
 from nan_hunter.targets import visible
 from nan_hunter.untrusted import echoed, shown_lines
 
@@ -34,7 +34,9 @@ def fail(message: str, output: str = "") -> typer.Exit:
 
 
 def internal_error(exc: BaseException) -> str:
-    """One line, even for an exception whose ``__str__`` raises."""
+    """One line, even for an exception whose ``__str__`` raises; for an ``InternalError``, the
+    original exception's."""
+    exc = unwrap(exc)
     try:
         summary = f"{type(exc).__name__}: {first_line(exc)}"
     except Exception:

@@ -27,6 +27,7 @@ from nan_hunter.fixes.build import build_fix, edit_site, with_kept_module
 from nan_hunter.headroom import build_range_map
 from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
+from nan_hunter.pass_state import fewer_collections
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import BF16, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
@@ -35,7 +36,7 @@ from nan_hunter.precision.loss_scale import back_off
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.progress import announce
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
-from nan_hunter.runner import PassResult, PassRunner, fewer_collections, run_pass
+from nan_hunter.runner import PassResult, PassRunner, run_pass
 
 
 def scan_target(target: Target, settings: Settings) -> Report:

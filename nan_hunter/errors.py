@@ -1,11 +1,18 @@
-"""The one exception family for failures nan-hunter expects and explains.
+"""The one exception family for failures nan-hunter expects and explains, and how nan-hunter's
+own failures inside the model's call are told from the model's.
 
-Library code raises these; only the CLI turns them into a one-line message and exit code 2.
+Library code raises ``NanHunterError``s; only the CLI turns them into a one-line message and exit
+code 2. Our code that runs inside the model's call converts its own failures into
+``InternalError`` (``ours``, or two inline ``except`` clauses on a per-op path), letting
+``OURS_AS_THEY_ARE`` through; ``blame.user_errors`` calls every other exception the model's.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -38,11 +45,76 @@ class UserCodeError(NanHunterError):
         return f"{base} (at {self.user_frame})" if self.user_frame else base
 
 
+class InternalError(RuntimeError):
+    """nan-hunter's own code failed while the model's call was under way: the tracer's
+    bookkeeping around an op, a hook of ours (module, tensor, autograd node), the emulation's or
+    the autocast policy's work around the op it passes on, the device alias, the statistics and
+    the gradient log. Raised ``from`` the original exception, which ``__cause__`` (and
+    ``original``) hold.
+
+    ``blame.user_errors`` re-raises it as it is (never "the model raised ..."); so does every
+    layer of ours between the failure and the pass. A caller of ``nan_hunter.scan`` gets it as
+    it is (``except nan_hunter.errors.InternalError``: a bug to report, with ``original`` for
+    the details); the command line prints ``internal error: <original's type>: <its first
+    line>`` (``unwrap``) and, with ``--debug``, the traceback of both.
+
+    Not a ``NanHunterError``: that family is for failures a user can act on."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}: {first_line(original)}")
+        self.original = original
+
+
+class PassSignal(RuntimeError):
+    """A signal from the pass's bookkeeping to the runner, not a failure: the pass must run
+    again another way (``StaleStatistics``, ``UnmeasuredGradient``). It passes through every
+    layer of ours unchanged."""
+
+
 NOT_THE_MODELS: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, NanHunterError)
 """What may come out of the model's code and is not its error to report: the user's Ctrl-C,
 ``sys.exit`` (the scan process says the model called it) and our own errors. Any other
 exception, ``BaseException`` subclasses too (``asyncio.CancelledError``, ``GeneratorExit``, the
 model's own), is the model's."""
+
+
+OURS_AS_THEY_ARE: tuple[type[BaseException], ...] = (InternalError, PassSignal, *NOT_THE_MODELS)
+"""What our code inside the model's call lets through unchanged: an internal error already
+converted (by a layer of ours further in), a signal to the runner, and ``NOT_THE_MODELS``."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def ours(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Marks ``func`` as nan-hunter's own code that runs inside the model's call (a hook, a
+    listener, a bookkeeping step): an exception out of it, other than ``OURS_AS_THEY_ARE``, is
+    raised as an ``InternalError``. For code that runs once per op, write the two ``except``
+    clauses inline instead (no extra call)."""
+
+    @functools.wraps(func)
+    def converting(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return func(*args, **kwargs)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
+
+    converting.__nan_hunter_ours__ = True  # type: ignore[attr-defined]
+    return converting
+
+
+def converts(func: object) -> bool:
+    """Whether ``func`` (a function or a bound method) is wrapped by ``ours``."""
+    return getattr(getattr(func, "__func__", func), "__nan_hunter_ours__", False) is True
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The exception an ``InternalError`` stands for (``exc`` itself for any other)."""
+    while isinstance(exc, InternalError):
+        exc = exc.original
+    return exc
 
 
 def first_line(exc: BaseException) -> str:

@@ -96,7 +96,7 @@ def cast_model(model: torch.nn.Module, dtype: torch.dtype) -> frozenset[str]:
     a module that keeps itself in FP32 (an ``_apply`` override, as transformers'
     ``_keep_in_fp32_modules`` fixes do) stays so; ``ModelState`` restores what it converted.
     The names of the floating parameters and buffers it left in another dtype."""
-    model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)  # passes the call on
+    model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
     named = [*model.named_parameters(), *model.named_buffers()]
     return frozenset(n for n, t in named if t.is_floating_point() and t.dtype != dtype)
 

@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from nan_hunter import runner
+from nan_hunter import pass_state
 
 pytestmark = pytest.mark.slow  # runs the benchmark's variants
 
@@ -46,9 +46,9 @@ def test_the_checked_screen_checks_what_the_scan_checks_in_the_forward(
     tiers: ModuleType,
 ) -> None:
     model, batch = _ophavy(tiers)
-    original = tiers.tracer.UntracedOps
+    original = tiers.op_calls.UntracedOps
     result, made = tiers.checked_pass(model, batch)
-    assert tiers.tracer.UntracedOps is original  # put back
+    assert tiers.op_calls.UntracedOps is original  # put back
     assert len(made) == 1 and result.events == () and result.backward_ran
     (mode,) = made
     checks = len(mode.queue._results)
@@ -141,5 +141,5 @@ def test_every_variant_is_timed_with_the_scans_collector_threshold(
     before = gc.get_threshold()
     tiers.time_variants("ophavy", reps=1, quick=True)
     timed = {key: calls[1:] for key, calls in seen.items()}  # after the warm-up
-    assert timed == {"fp32": [runner.GC_THRESHOLD], "scan": [runner.GC_THRESHOLD]}
+    assert timed == {"fp32": [pass_state.GC_THRESHOLD], "scan": [pass_state.GC_THRESHOLD]}
     assert gc.get_threshold() == before

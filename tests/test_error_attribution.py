@@ -1,7 +1,8 @@
 """An exception during a scan is the model's when its code (or an op it called, passed on by
 nan-hunter's tracer, emulation or autocast kernels) raised it, and nan-hunter's own when
-nan-hunter's code did: that one must not read "the model raised ..." (it sent users to debug a
-model that was fine: a crash in the gradient log on a sparse gradient did)."""
+nan-hunter's code did: that one is an ``InternalError`` from the original, never "the model
+raised ..." (which sends users to debug a model that is fine). Each place of ours inside the
+model's call: ``tests/hostile/test_error_ownership.py``."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from torch import nn
 
 import nan_hunter
 from nan_hunter import resources, scan
-from nan_hunter.errors import UserCodeError
+from nan_hunter.errors import InternalError, UserCodeError
 from nan_hunter.precision import gradients
 from nan_hunter.trace import deferred
 
 
 @pytest.mark.parametrize(
     ("module", "name"),
-    [(gradients, "_fill_row"), (deferred, "_magnitude_bits")],
+    [(gradients, "fill_row"), (deferred, "_magnitude_bits")],
     ids=["gradient-log-in-backward", "statistics-in-forward"],
 )
 def test_our_own_exception_is_not_blamed_on_the_model(
@@ -33,8 +34,10 @@ def test_our_own_exception_is_not_blamed_on_the_model(
     # A bug in nan-hunter's own code: a helper it calls is no longer callable, so the
     # TypeError is raised in nan-hunter's frame.
     monkeypatch.setattr(module, name, None)
-    with pytest.raises(TypeError, match="not callable"):
+    not_callable = "TypeError: 'NoneType' object is not callable"
+    with pytest.raises(InternalError, match=not_callable) as raised:
         scan(nn.Linear(4, 2), torch.ones(3, 4))
+    assert isinstance(raised.value.__cause__, TypeError)
 
 
 class _Raises(nn.Module):
@@ -78,7 +81,7 @@ _SYMLINKED_SCAN = """
 import sys, torch
 from torch import nn
 import nan_hunter
-from nan_hunter.errors import UserCodeError
+from nan_hunter.errors import InternalError, UserCodeError
 
 class Bad(nn.Module):
     def __init__(self):
@@ -99,8 +102,8 @@ def test_the_models_error_is_the_models_when_the_package_folder_has_another_name
     tmp_path: Path,
 ) -> None:
     # An install where site-packages/nan_hunter is a symlink to a folder of another name: the
-    # pass-on functions are found by their path inside the package, not by a "/nan_hunter/"
-    # in it (else the op's error reads as nan-hunter's own, a raw RuntimeError).
+    # op's error is the model's, and its line the user's (frames are told apart by their path
+    # inside the package, not by a "/nan_hunter/" in it).
     real = tmp_path / "checkout" / "nh_package"
     package = Path(nan_hunter.__file__).resolve().parent
     shutil.copytree(package, real, ignore=shutil.ignore_patterns("__pycache__"))

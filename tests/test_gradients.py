@@ -241,7 +241,8 @@ def test_window_equals_the_share_of_every_parameter_checked_one_by_one() -> None
     import math
     import random
 
-    from nan_hunter.precision.gradients import _EXP_OFFSET, GradRecord, _lost_share
+    from nan_hunter.precision.exponents import EXP_OFFSET, lost_share
+    from nan_hunter.precision.gradients import GradRecord
 
     rng = random.Random(0)
     log = GradientLog(FP16)
@@ -252,7 +253,7 @@ def test_window_equals_the_share_of_every_parameter_checked_one_by_one() -> None
         for _ in range(rng.randint(0, 6)):
             histogram = [0] * 300
             for _ in range(rng.randint(0, 40)):
-                histogram[rng.randint(_EXP_OFFSET - 60, _EXP_OFFSET + 10)] += rng.randint(1, 9)
+                histogram[rng.randint(EXP_OFFSET - 60, EXP_OFFSET + 10)] += rng.randint(1, 9)
             records.append(GradRecord(FlushStats(0, 0, 0), tuple(histogram)))
         scale, share = 2.0 ** rng.randint(-3, 20), rng.choice([0.0, 0.05, 0.25, 0.9])
         window = log.window(scale, share, records)
@@ -260,7 +261,7 @@ def test_window_equals_the_share_of_every_parameter_checked_one_by_one() -> None
         expected = [
             k for k in range(-40, 41)
             if log.max_abs / scale * 2.0**k <= FP16.max
-            and all(_lost_share(c, k - math.log2(scale), limit) <= share for c in cumulative)
+            and all(lost_share(c, k - math.log2(scale), limit) <= share for c in cumulative)
         ]  # fmt: skip
         assert window.high == (max(expected) if expected else None), trial
         if expected:
@@ -313,13 +314,13 @@ def test_only_gradients_rounded_where_a_parameter_is_fed_get_a_histogram(
     from nan_hunter.precision import gradients
 
     made: list[int] = []
-    fill_row = gradients._fill_row
+    fill_row = gradients.fill_row
 
     def counted(dest: torch.Tensor, exact: torch.Tensor, rounded: torch.Tensor) -> None:
         made.append(exact.numel())
         fill_row(dest, exact, rounded)
 
-    monkeypatch.setattr(gradients, "_fill_row", counted)
+    monkeypatch.setattr(gradients, "fill_row", counted)
     torch.manual_seed(0)
     model = _Mixer()
     every = GradientLog(FP16, depth=1)  # the careful rerun's log: every parameter-sized one
@@ -336,7 +337,7 @@ def test_only_gradients_rounded_where_a_parameter_is_fed_get_a_histogram(
 
 def test_a_parameter_gradient_rounded_out_of_sight_reruns_the_pass_with_every_histogram() -> None:
     """In half mode ``weight + 0.0`` is an FP16 add whose ``AddBackward`` hands the gradient to
-    the parameter unchanged, a node ``_feeds_parameter`` does not look through: the matmul that
+    the parameter unchanged, a node ``feeds_parameter`` does not look through: the matmul that
     rounded it skipped the histogram, the parameter's record is asked for, and the pass runs
     again measuring every gradient of a parameter's size (its statistics still batched). The
     records are those of the careful log. Under autocast the add runs in FP32, whose backward
@@ -361,13 +362,13 @@ def test_a_transposed_gradient_is_histogrammed_without_a_copy(
 ) -> None:
     """A transposed gradient and its rounding share a layout: the row is filled from their
     storage in place (no ``reshape`` copy), with the counts of the contiguous gradient."""
-    from nan_hunter.precision.gradients import _ROW, _fill_row
+    from nan_hunter.precision.exponents import ROW, fill_row
 
     exact = torch.randn(300, 200) * torch.logspace(-12, 2, 200)
     exact[::7] = 0.0
-    contiguous = torch.empty(_ROW, dtype=torch.int64)
-    _fill_row(contiguous, exact, exact.half())
-    transposed = torch.empty(_ROW, dtype=torch.int64)
+    contiguous = torch.empty(ROW, dtype=torch.int64)
+    fill_row(contiguous, exact, exact.half())
+    transposed = torch.empty(ROW, dtype=torch.int64)
 
     def no_copy(*args: object, **kwargs: object) -> torch.Tensor:
         raise AssertionError("reshaped: a copy")
@@ -376,7 +377,7 @@ def test_a_transposed_gradient_is_histogrammed_without_a_copy(
     rounded = t.half()
     assert rounded.stride() == t.stride() and not t.is_contiguous()
     monkeypatch.setattr(torch.Tensor, "reshape", no_copy)
-    _fill_row(transposed, t, rounded)
+    fill_row(transposed, t, rounded)
     monkeypatch.undo()
     assert torch.equal(transposed, contiguous)
     assert int(contiguous[0]) == len(range(0, 300, 7)) * 200  # the zeros, bucket 0

@@ -1,4 +1,4 @@
-"""``_feeds_parameter`` walks each autograd node once, not once per path to it.
+"""``feeds_parameter`` walks each autograd node once, not once per path to it.
 
 A multi-input module with a full backward hook puts one ``BackwardHookFunctionBackward`` node
 on its inputs, listed once per input in the next node's ``next_functions``. Modules nested ``k``
@@ -49,17 +49,17 @@ def test_each_node_is_walked_once(monkeypatch: pytest.MonkeyPatch) -> None:
     model(h, h * 2, h * 3, h * 4)
 
     calls = 0
-    walk = gradients._feeds_parameter
+    walk = gradients.feeds_parameter
 
     def counted(node: object, params: set[int], low: torch.dtype, depth: int = 8) -> bool:
         nonlocal calls
         calls += 1
         return walk(node, params, low, depth)
 
-    monkeypatch.setattr(gradients, "_feeds_parameter", counted)
+    monkeypatch.setattr(gradients, "feeds_parameter", counted)
     # ``source.weight`` lies behind the products (not pass-through): not fed, the walk is whole.
     # The graph is FP32, named the low dtype here: no node hands a record on for its dtype.
-    assert not gradients._feeds_parameter(innermost.node, {id(source.weight)}, torch.float32)
+    assert not gradients.feeds_parameter(innermost.node, {id(source.weight)}, torch.float32)
     nodes = 2 + 9 * 4  # the hook nodes and what they lead to, generously
     assert calls <= nodes, calls
 
@@ -74,13 +74,13 @@ def test_a_node_that_rounds_several_gradients_is_walked_once(
     from nan_hunter.precision.formats import FP16
 
     walks: list[object] = []
-    real = gradients._feeds_parameter
+    real = gradients.feeds_parameter
 
     def counted(node: object, *args: object, **kwargs: object) -> bool:
         walks.append(node)
         return real(node, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(gradients, "_feeds_parameter", counted)
+    monkeypatch.setattr(gradients, "feeds_parameter", counted)
     linear = nn.Linear(4, 4)
     x = torch.randn(4, 4, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.float16):

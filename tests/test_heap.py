@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from nan_hunter import runner
+from nan_hunter import traced_forward
 from nan_hunter.api import scan
 from nan_hunter.precision import heap
 
@@ -35,7 +35,7 @@ def test_the_heap_is_trimmed_once_per_forward_before_its_first_backward(
             seen.append("forward")
             return self.fc(x)
 
-    monkeypatch.setattr(runner, "trim_heap", trim)
+    monkeypatch.setattr(traced_forward, "trim_heap", trim)
     torch.manual_seed(0)
     report = scan(Probe(), torch.randn(2, 4))
     assert report.status == "clean"
@@ -91,7 +91,9 @@ def test_the_emulated_backward_trims_as_its_temporaries_add_up_and_the_forward_d
             "backward" if torch._C._current_graph_task_id() != -1 else "forward"
         ) or 1,
     )  # fmt: skip
-    monkeypatch.setattr(runner, "trim_heap", lambda: phases.append("before backward") or True)
+    monkeypatch.setattr(
+        traced_forward, "trim_heap", lambda: phases.append("before backward") or True
+    )
     emulated: list[emulation.LowPrecisionEmulation] = []
     init = emulation.LowPrecisionEmulation.__init__
 

@@ -123,9 +123,9 @@ def _runs(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
 
     original = runner.PassRunner._whole
 
-    def counted(self: Any, scale: float, gradients: Any, depth: int | None, events: bool) -> Any:
-        runs.append(depth)
-        return original(self, scale, gradients, depth, events)
+    def counted(self: Any, scale: float, gradients: Any, events: bool) -> Any:
+        runs.append(self._policy.depth)
+        return original(self, scale, gradients, events)
 
     monkeypatch.setattr(runner.PassRunner, "_whole", counted)
     return runs
@@ -233,7 +233,7 @@ def test_the_collector_runs_less_often_during_a_scan_and_as_before_after_it(
     import gc
 
     from nan_hunter import engine
-    from nan_hunter.runner import GC_THRESHOLD
+    from nan_hunter.pass_state import GC_THRESHOLD
 
     seen: list[int] = []
     analyse = engine.analyse

@@ -28,7 +28,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("precision/trace", ("nan_hunter.precision", "nan_hunter.trace")),
     ("load/run", (
-        "nan_hunter.loader", "nan_hunter.model_state", "nan_hunter.blame", "nan_hunter.runner",
+        "nan_hunter.loader", "nan_hunter.model_state", "nan_hunter.blame",
+        "nan_hunter.pass_state", "nan_hunter.pass_retry", "nan_hunter.traced_forward",
+        "nan_hunter.runner",
     )),
     ("results", ("nan_hunter.ranges", "nan_hunter.findings", "nan_hunter.suppressions")),
     ("analysis", ("nan_hunter.candidate", "nan_hunter.analysis", "nan_hunter.headroom")),

@@ -126,7 +126,7 @@ def test_modes_are_restored_without_calling_train_where_nothing_changed() -> Non
     """A forward that switches a submodule's mode gets every flag back (a parent's ``train``
     sets its children, so parents go first); a module whose mode did not change is not asked
     to ``train`` again (an override may do more than set the flag)."""
-    from nan_hunter.runner import ModelState
+    from nan_hunter.model_state import ModelState
 
     calls: list[str] = []
 

@@ -17,8 +17,8 @@ from torch.utils.hooks import RemovableHandle
 
 from nan_hunter.findings import Report
 from nan_hunter.report import render
-from nan_hunter.runner import default_loss
 from nan_hunter.safe_write import write_file
+from nan_hunter.traced_forward import default_loss
 from nan_hunter.training.distributed import current_ranks, rank_path
 from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
 from nan_hunter.training.step_verdict import Reason

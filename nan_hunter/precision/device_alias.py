@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.amp.autocast_mode as autocast_mode
 
+from nan_hunter.errors import ours
 from nan_hunter.shared_patch import SharedPatch
 
 _PATCHES: dict[tuple[str, str], list[SharedPatch]] = {}
@@ -39,11 +40,23 @@ def _patches(source: str, target: str) -> list[SharedPatch]:
 
 
 def _make_patches(source: str, target: str) -> list[SharedPatch]:
+    """Each patch maps the device type (ours: its failure is an ``InternalError``) and passes
+    the call on with it (its failure is the caller's, as it is)."""
+
+    @ours
     def mapped(device_type: Any) -> Any:
-        return target if device_type == source else device_type
+        return target if _maps(device_type, source) else device_type
+
+    @ours
+    def all_mapped(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(target if _maps(x, source) else x for x in values)
 
     def mapping_args(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return lambda *a, **k: fn(*(mapped(x) for x in a), **k)  # passes the call on
+        return lambda *a, **k: fn(*all_mapped(a), **k)
+
+    @ours
+    def on_source(obj: Any) -> bool:
+        return _maps(getattr(obj, "device", None), source)
 
     def on_device(method: Callable[..., Any]) -> Callable[..., Any]:
         """``__enter__``/``__exit__`` of an autocast built before the alias opened (a decorator
@@ -52,11 +65,11 @@ def _make_patches(source: str, target: str) -> list[SharedPatch]:
         again afterwards."""
 
         def call(obj: Any, *a: Any) -> Any:
-            if getattr(obj, "device", None) != source:
-                return method(obj, *a)  # passes the call on
+            if not on_source(obj):
+                return method(obj, *a)
             obj.device = target
             try:
-                return method(obj, *a)  # passes the call on
+                return method(obj, *a)
             finally:
                 obj.device = source
 
@@ -68,7 +81,7 @@ def _make_patches(source: str, target: str) -> list[SharedPatch]:
         SharedPatch(
             autocast_mode.autocast,
             "__init__",
-            lambda init: lambda obj, device_type, *a, **k: init(  # passes the call on
+            lambda init: lambda obj, device_type, *a, **k: init(
                 obj, mapped(device_type), *a, **k
             ),
         ),
@@ -77,11 +90,17 @@ def _make_patches(source: str, target: str) -> list[SharedPatch]:
         SharedPatch(
             autocast_mode,
             "_cast",
-            lambda fn: lambda value, device_type, dtype: fn(  # passes the call on
+            lambda fn: lambda value, device_type, dtype: fn(
                 value, mapped(device_type), dtype
             ),
         ),
     ]
+
+
+def _maps(device_type: Any, source: str) -> bool:
+    """Whether ``device_type`` is the aliased one: a ``str`` equal to ``source`` (any other value
+    of the caller's is passed on untouched, and none of its code runs here)."""
+    return isinstance(device_type, str) and device_type == source
 
 
 class DeviceAlias:

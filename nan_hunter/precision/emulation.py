@@ -24,8 +24,10 @@ from torch.autograd.function import BackwardCFunction
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nan_hunter._nest import call_leaves, map_leaves
+from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.precision import heap
-from nan_hunter.precision.gradients import GradientLog, current_node
+from nan_hunter.precision.grad_nodes import current_node
+from nan_hunter.precision.gradients import GradientLog
 
 aten = torch.ops.aten
 
@@ -100,64 +102,90 @@ class LowPrecisionEmulation(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        in_backward = torch._C._current_graph_task_id() != -1
-        log = self.gradients if in_backward else None
-        flat = _flat(args) and (not kwargs or _flat(kwargs.values()))
-        values = (chain(args, kwargs.values()) if kwargs else args) if flat else (
-            call_leaves(args, kwargs)
-        )
-        fp32_stats = _FP32_STATS_INPUTS.get(func)
-        if fp32_stats is not None and fp32_stats < len(args):  # read in FP32, as the kernel's
-            values = chain(args[:fp32_stats], args[fp32_stats + 1 :], kwargs.values())
-        if not self._eligible_op(func, args, kwargs) or not _all_low(values, self.low):
-            out = func(*args, **kwargs)  # passes the call on
-            if log is not None and args and _same_shape_tensors(args[0], out):
-                if args[0].dtype == torch.float32 and out.dtype == self.low:
-                    log.record(args[0], out, boundary=True)  # an FP32 gradient cast down
-                else:
-                    log.inherit(args[0], out)  # a transpose or the cast back to FP32
+        # Our work around the op (choosing, upcasting, rounding, logging) is ours: its failure
+        # is an ``InternalError``; the op's own is passed on as it is. Inline ``try``s: free
+        # when nothing raises, and no call per op.
+        try:
+            in_backward = torch._C._current_graph_task_id() != -1
+            log = self.gradients if in_backward else None
+            flat = _flat(args) and (not kwargs or _flat(kwargs.values()))
+            values = (chain(args, kwargs.values()) if kwargs else args) if flat else (
+                call_leaves(args, kwargs)
+            )
+            fp32_stats = _FP32_STATS_INPUTS.get(func)
+            if fp32_stats is not None and fp32_stats < len(args):  # read in FP32, as the kernel's
+                values = chain(args[:fp32_stats], args[fp32_stats + 1 :], kwargs.values())
+            emulated = self._eligible_op(func, args, kwargs) and _all_low(values, self.low)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
+        if not emulated:
+            out = func(*args, **kwargs)
+            try:
+                if log is not None and args and _same_shape_tensors(args[0], out):
+                    if args[0].dtype == torch.float32 and out.dtype == self.low:
+                        log.record(args[0], out, boundary=True)  # an FP32 gradient cast down
+                    else:
+                        log.inherit(args[0], out)  # a transpose or the cast back to FP32
+            except OURS_AS_THEY_ARE:
+                raise
+            except Exception as exc:
+                raise InternalError(exc) from exc
             return out
-        low = self.low
-        upcasts = self._upcasts
-        if in_backward:
-            # Only the node's own formula (called by the engine, not from Python) shares copies:
-            # a hook or a saved-tensor hook runs as the same node, and may write a tensor
-            # through ``.data`` (no new version) between two reads.
-            upcasts.enter(current_node(), sys._getframe(1).f_code is _ENGINE_CODE)
+        try:
+            low = self.low
+            upcasts = self._upcasts
+            if in_backward:
+                # Only the node's own formula (called by the engine, not from Python) shares
+                # copies: a hook or a saved-tensor hook runs as the same node, and may write a
+                # tensor through ``.data`` (no new version) between two reads.
+                upcasts.enter(current_node(), sys._getframe(1).f_code is _ENGINE_CODE)
 
-        def up(x: Any) -> Any:
-            if not isinstance(x, torch.Tensor) or x.dtype != low:
-                return x
-            return upcasts.up(x) if in_backward else x.float()
+            def up(x: Any) -> Any:
+                if not isinstance(x, torch.Tensor) or x.dtype != low:
+                    return x
+                return upcasts.up(x) if in_backward else x.float()
 
-        if flat:  # most calls: no nesting, no dtype argument
-            up_args = tuple([up(x) for x in args])
-            up_kwargs = {key: up(x) for key, x in kwargs.items()} if kwargs else kwargs
-        else:
-            # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=...)``):
-            # emulate only when it names the low dtype itself, computing in FP32 instead.
-            new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
-            if not ok:
-                return func(*args, **kwargs)  # passes the call on
-            args, kwargs = new_args, new_kwargs
-            up_args, up_kwargs = map_leaves(up, args), map_leaves(up, kwargs)
+            up_args: tuple[Any, ...] | None = None
+            if flat:  # most calls: no nesting, no dtype argument
+                up_args = tuple([up(x) for x in args])
+                up_kwargs = {key: up(x) for key, x in kwargs.items()} if kwargs else kwargs
+            else:
+                # A dtype argument (``sum(dtype=...)``, ``_softmax_backward_data(input_dtype=
+                # ...)``): emulated only when it names the low dtype, computing in FP32 instead.
+                new_args, new_kwargs, ok = _retarget_dtypes(args, kwargs, low)
+                if ok:
+                    args, kwargs = new_args, new_kwargs
+                    up_args, up_kwargs = map_leaves(up, args), map_leaves(up, kwargs)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
+        if up_args is None:  # another dtype named: the real kernel
+            return func(*args, **kwargs)
         self.emulated += 1
-        out = func(*up_args, **up_kwargs)  # passes the call on
-        if in_backward:  # the new upcast copies and the FP32 result are freed (by the node's end)
-            self.heap.freed(upcasts.take_copied() + _fp32_bytes(out))
-        keep = _fp32_outputs(func, args)
+        out = func(*up_args, **up_kwargs)
+        try:
+            if in_backward:  # the new upcast copies and the FP32 result go by the node's end
+                self.heap.freed(upcasts.take_copied() + _fp32_bytes(out))
+            keep = _fp32_outputs(func, args)
 
-        def down(x: Any) -> Any:
-            rounded = _down(x, low)
-            if log is not None and rounded is not x:
-                log.record(x, rounded)
-            return rounded
+            def down(x: Any) -> Any:
+                rounded = _down(x, low)
+                if log is not None and rounded is not x:
+                    log.record(x, rounded)
+                return rounded
 
-        if isinstance(out, torch.Tensor):
-            return out if 0 in keep else down(out)
-        if isinstance(out, (tuple, list)):
-            return type(out)(x if i in keep else down(x) for i, x in enumerate(out))
-        return map_leaves(down, out)
+            if isinstance(out, torch.Tensor):
+                return out if 0 in keep else down(out)
+            if isinstance(out, (tuple, list)):
+                return type(out)(x if i in keep else down(x) for i, x in enumerate(out))
+            return map_leaves(down, out)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
 
     def __exit__(self, *exc: object) -> None:
         self._upcasts.clear()

@@ -6,6 +6,9 @@ records, per rounded gradient, how many nonzero values vanished (became 0) or we
 over all gradients, a histogram of their binary exponents. Backpropagation is linear in the loss,
 so a loss scale of ``2**k`` shifts every exponent by ``k``: the histogram tells for which scales no
 gradient overflows and little underflows, the window a ``GradScaler`` should start in.
+
+The histograms themselves (counted on the device, one row per gradient): ``exponents``; which
+autograd node's gradient reaches a parameter's, and so gets a histogram: ``grad_nodes``.
 """
 
 from __future__ import annotations
@@ -16,19 +19,26 @@ from dataclasses import dataclass
 
 import torch
 
+from nan_hunter.errors import PassSignal
+from nan_hunter.precision.exponents import (
+    BIASED,
+    EXP_OFFSET,
+    ROW,
+    exponent_counts,
+    exponent_histogram,
+    fill_row,
+    lost_share,
+)
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.grad_nodes import current_node, feeds_parameter
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
 from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
-from nan_hunter.trace.stats import dense_view, flat_values, sample_size, sample_step, stored_values
+from nan_hunter.trace.stats import dense_view, sample_size, sample_step, stored_values
 
 __all__ = [
     "Boundary", "FlushStats", "GradRecord", "GradientLog", "ScaleWindow", "scale_advice",
 ]
-
-_EXP_OFFSET = 160  # frexp exponents of FP32 values lie in [-148, 129]
-_EXP_BINS = 300
-
 
 @dataclass(frozen=True)
 class FlushStats:
@@ -69,7 +79,7 @@ class Boundary:
     record: GradRecord
 
 
-class UnmeasuredGradient(RuntimeError):
+class UnmeasuredGradient(PassSignal):
     """A parameter's gradient was rounded where no parameter was in sight, without its
     histogram: the pass must run again with every gradient of a parameter's size measured."""
 
@@ -95,7 +105,7 @@ class GradientLog:
         self._sizes: set[int] | None = None
         self._node: object = None
         self._node_feeds = False
-        """The last node ``_feeds_parameter`` was asked about, and its answer."""
+        """The last node ``feeds_parameter`` was asked about, and its answer."""
         self._params: set[int] | None = None
         """``id``s of the watched parameters: a gradient gets its histogram only when the node
         that rounds it feeds one of them (through casts and views); None: every gradient."""
@@ -140,7 +150,7 @@ class GradientLog:
         """Only a gradient that can end up as one of ``params``' gradients gets a histogram
         (the rest only update the maximum): one with as many values as a parameter, rounded by
         an autograd node that feeds a parameter through casts, views and custom functions only
-        (``_feeds_parameter``), or, with ``every``, any with as many values as a parameter. A
+        (``feeds_parameter``), or, with ``every``, any with as many values as a parameter. A
         parameter's gradient rounded elsewhere (``w * 1.0`` hands its gradient on unchanged)
         has none: ``records_of`` then raises ``UnmeasuredGradient``, and the pass runs again
         with ``every``."""
@@ -153,14 +163,14 @@ class GradientLog:
             return True
         if rounded.numel() not in self._sizes:
             return False
-        if self._depth == 1 or self._params is None or _current_node is None:
+        if self._depth == 1 or self._params is None:
             return True
-        node = _current_node()
+        node = current_node()
         if node is None:
             return True
         if node is not self._node:  # a node rounds several gradients (an addmm's three)
             self._node = node
-            self._node_feeds = _feeds_parameter(node, self._params, self._fmt.dtype)
+            self._node_feeds = feeds_parameter(node, self._params, self._fmt.dtype)
         return self._node_feeds
 
     def record(self, exact: torch.Tensor, rounded: torch.Tensor, *, boundary: bool = False) -> None:
@@ -192,7 +202,7 @@ class GradientLog:
                 self._held += size
             if full:
                 rows, index, dest = self._next_row(data.device)
-                _fill_row(dest, data, rounded.detach())
+                fill_row(dest, data, rounded.detach())
                 row = (rows, index)
         self._pending.append((slot, (key, at), n, held, row))
         if len(self._pending) >= self._depth:
@@ -205,7 +215,7 @@ class GradientLog:
         rows = self._rows
         if rows is None or self._rows_used == rows.shape[0] or rows.device != device:
             size = min(max(self._depth, 1), 1024)
-            rows = torch.empty(size, _ROW, dtype=torch.int64, device=device)
+            rows = torch.empty(size, ROW, dtype=torch.int64, device=device)
             self._rows, self._rows_used = rows, 0
             self._row_views = list(rows.unbind())
         index = self._rows_used
@@ -268,8 +278,8 @@ class GradientLog:
                 if isinstance(slot.value, _Row):  # a slot may be listed twice
                     n = slot.value.numel
                     sampled = sample_size(n)
-                    zeros, rounded_zeros = int(values[0]), sampled - int(values[_BIASED + 1])
-                    histogram = _exponent_histogram(values[1 : _BIASED + 1])
+                    zeros, rounded_zeros = int(values[0]), sampled - int(values[BIASED + 1])
+                    histogram = exponent_histogram(values[1 : BIASED + 1])
                     slot.value = self._finish(n, zeros, rounded_zeros, histogram)
         return [
             s.value if s is not None and isinstance(s.value, GradRecord) else None for s in slots
@@ -283,7 +293,7 @@ class GradientLog:
         already taken out)."""
         sampled = sample_size(n)
         nonzero = sampled - zeros
-        limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
+        limit = EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
         below_normal = sum(histogram[: limit + 1])
         vanished = max(0, rounded_zeros - zeros)
         flush = FlushStats(nonzero, vanished, max(0, below_normal - vanished))
@@ -309,9 +319,9 @@ class GradientLog:
         step = sample_step(flat_exact.numel())
         if step > 1:
             flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
-        zeros, histogram = _exponent_counts(flat_exact)
+        zeros, histogram = exponent_counts(flat_exact)
         nonzero = flat_exact.numel() - zeros
-        limit = _EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
+        limit = EXP_OFFSET + round(math.log2(self._fmt.smallest_normal))
         below_normal = sum(histogram[: limit + 1])
         vanished = max(0, flat_rounded.numel() - int(torch.count_nonzero(flat_rounded)) - zeros)
         flush = FlushStats(nonzero, vanished, max(0, below_normal - vanished))
@@ -331,10 +341,10 @@ class GradientLog:
             for b in self.boundaries
             if b.record.flush.nonzero
         ]
-        if not any(_lost_share(c, 0.0, limit) > max_underflow_share for c in cumulative):
+        if not any(lost_share(c, 0.0, limit) > max_underflow_share for c in cumulative):
             return None
         for k in range(-40, 81):
-            if all(_lost_share(c, k - shift, limit) <= max_underflow_share for c in cumulative):
+            if all(lost_share(c, k - shift, limit) <= max_underflow_share for c in cumulative):
                 return k
         return None
 
@@ -363,9 +373,9 @@ class GradientLog:
         for k in range(-40, 41):
             if true_max * 2.0**k > self._fmt.max:
                 continue
-            # all(_lost_share(c, k - shift, limit) <= share for c in cumulative), the bin index
+            # all(lost_share(c, k - shift, limit) <= share for c in cumulative), the bin index
             # computed once per scale: shares are >= 0, so the largest one decides.
-            last = math.floor(limit - (k - shift)) + _EXP_OFFSET
+            last = math.floor(limit - (k - shift)) + EXP_OFFSET
             worst = 0.0
             if last >= 0:
                 worst = max((c[min(last, len(c) - 1)] / c[-1] for c in counted), default=0.0)
@@ -400,55 +410,6 @@ class _Slot:
 
 _SKIPPED = object()
 
-_current_node = getattr(torch._C, "_current_autograd_node", None)
-"""The autograd node whose backward is running (torch >= 2.1); without it every gradient of a
-parameter's size gets its histogram."""
-
-
-def current_node() -> object | None:
-    """The autograd node whose backward is running; None outside one (or on torch < 2.1)."""
-    return _current_node() if _current_node is not None else None
-
-_PASS_THROUGH = frozenset(
-    {
-        "ToCopyBackward", "TBackward", "TransposeBackward", "PermuteBackward", "ViewBackward",
-        "UnsafeViewBackward", "ReshapeAliasBackward", "AliasBackward", "SqueezeBackward",
-        "UnsqueezeBackward", "CloneBackward", "DetachBackward", "BackwardHookFunctionBackward",
-    }
-)  # fmt: skip
-"""Nodes that hand the gradient on as it is (cast, viewed or copied, the values unchanged); a
-custom ``autograd.Function``'s node (``<Name>Backward``, a ``BackwardCFunction``) is counted
-among them, as it may."""
-
-_CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
-
-
-def _feeds_parameter(node: object, params: set[int], low: torch.dtype, depth: int = 8) -> bool:
-    """Whether a gradient ``node`` produces can reach a watched parameter's ``AccumulateGrad``
-    unchanged, at most ``depth`` nodes on: through ``_PASS_THROUGH`` nodes, custom functions,
-    and nodes whose gradients are not in the ``low`` dtype (an FP32 op's backward is not
-    emulated, and its result keeps the record of the gradient it was computed from: ``w * 1.0``
-    under autocast). Any other node computes a new gradient, rounded, and measured, where that
-    node runs. Breadth first, each node once: a multi-input node (a hooked module's) is listed
-    once per input."""
-    frontier, seen = [node], set()
-    for level in range(depth + 1):
-        following = []
-        for current in frontier:
-            for fn, _ in getattr(current, "next_functions", ()):
-                if fn is None or fn in seen:
-                    continue
-                seen.add(fn)
-                name = type(fn).__name__
-                if name == "AccumulateGrad":
-                    if id(getattr(fn, "variable", None)) in params:
-                        return True
-                elif level < depth and _hands_on(fn, name, low):
-                    following.append(fn)
-        frontier = following
-    return False
-
-
 class _Row:
     """A record whose counts wait on the device: row ``row`` of ``rows``."""
 
@@ -475,74 +436,3 @@ class _Resolved:
         return record
 
 
-def _hands_on(node: object, name: str, low: torch.dtype) -> bool:
-    """Whether ``node`` may hand a rounded gradient's record on (see ``_feeds_parameter``)."""
-    if name.rstrip("0123456789") in _PASS_THROUGH or isinstance(node, _CUSTOM_FUNCTION):
-        return True
-    metadata = getattr(node, "_input_metadata", None)  # torch >= 2.1
-    return bool(metadata) and all(m.dtype != low for m in metadata)
-
-
-_BIASED = 256
-"""FP32's biased exponent field takes 256 values; bucket 0 of ``_exponent_buckets`` is zero."""
-_ROW = _BIASED + 2
-"""A histogram row: the exact sample's bucket counts (``_exponent_buckets``, zeros first), then
-how many of the rounded sample's values are nonzero."""
-_FIRST_BIN = _EXP_OFFSET - 126 - 1
-"""The histogram index of bucket 0: bucket ``b`` (biased exponent ``b - 1``) holds the values
-whose ``frexp`` exponent is ``b - 127``."""
-
-
-def _exponent_buckets(flat_exact: torch.Tensor) -> torch.Tensor:
-    """Per value, from its FP32 bits: 0 for zero, else 1 + the biased exponent field. Integer
-    kernels instead of ``frexp`` (several times slower); every normal value's bucket is its
-    ``frexp`` exponent + 127, and the FP32 subnormals (below 2**-126, far below anything FP16
-    keeps at any loss scale) share the bucket of exponent -126."""
-    if flat_exact.dtype != torch.float32:
-        flat_exact = flat_exact.float()
-    bits = flat_exact.view(torch.int32).bitwise_and(0x7FFFFFFF)
-    return bits.bitwise_right_shift(23).add_(bits.clamp(max=1))
-
-
-def _exponent_histogram(bucket_counts: list[int] | list[float]) -> tuple[int, ...]:
-    """The counts of buckets 1 to 256 (the nonzero values) as a histogram over binary exponents
-    (index - 160)."""
-    histogram = [0] * _EXP_BINS
-    histogram[_FIRST_BIN + 1 : _FIRST_BIN + 1 + _BIASED] = map(int, bucket_counts)
-    return tuple(histogram)
-
-
-def _exponent_counts(flat_exact: torch.Tensor) -> tuple[int, tuple[int, ...]]:
-    """The zeros among ``flat_exact`` and the counts of its nonzero values per binary
-    exponent (index - 160)."""
-    counts = torch.bincount(_exponent_buckets(flat_exact), minlength=_BIASED + 1).tolist()
-    return counts[0], _exponent_histogram(counts[1:])
-
-
-def _fill_row(dest: torch.Tensor, exact: torch.Tensor, rounded: torch.Tensor) -> None:
-    """Writes ``dest`` (a ``_ROW`` row, on the device) over a strided sample of the kind
-    ``_record_now`` takes: the exact values' bucket counts, then the rounded values that are
-    nonzero. Both are
-    flattened in memory order when they share their layout (no copy of a transposed gradient;
-    the rounding keeps the layout), else in logical order."""
-    if exact.stride() == rounded.stride():
-        flat_exact, flat_rounded = flat_values(exact), flat_values(rounded)
-    else:
-        flat_exact, flat_rounded = exact.reshape(-1), rounded.reshape(-1)
-    step = sample_step(flat_exact.numel())
-    if step > 1:
-        flat_exact, flat_rounded = flat_exact[::step], flat_rounded[::step]
-    buckets = _exponent_buckets(flat_exact)
-    dest[: _BIASED + 1].copy_(torch.bincount(buckets, minlength=_BIASED + 1))
-    dest[_BIASED + 1].copy_(torch.count_nonzero(flat_rounded))
-
-
-def _lost_share(cumulative: list[int], shift: float, limit: float) -> float:
-    """Share of values below ``2**limit`` once multiplied by ``2**shift``: a value with binary
-    exponent e lies in [2**(e-1), 2**e), so it is lost when e + shift <= limit.
-    ``cumulative`` is the running sum of an exponent histogram."""
-    total = cumulative[-1]
-    last = math.floor(limit - shift) + _EXP_OFFSET  # the highest lost bin
-    if total == 0 or last < 0:
-        return 0.0
-    return cumulative[min(last, len(cumulative) - 1)] / total

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from nan_hunter._nest import leaves, map_leaves
+from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.precision.emulation import explicit_dtype
 from nan_hunter.precision.policy import Cast, Policy
 
@@ -100,20 +101,26 @@ class PolicyOverride:
         name = op._schema.name.removeprefix("aten::")
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-            if cast is Cast.BANNED:
-                raise AutocastPolicyError(name, BANNED_MESSAGE)  # passes the call on
-            if cast is Cast.LOWER:
-                fn = _cast_to(low)
-            elif cast is Cast.FP32 or (
-                cast is Cast.FP32_UNLESS_DTYPE and not explicit_dtype(op, args, kwargs)
-            ):
-                fn = _cast_to(torch.float32)
-            elif cast is Cast.PROMOTE:
-                fn = _cast_to(_widest(args, kwargs))
-            else:
-                fn = _identity
+            if cast is Cast.BANNED:  # the model's call of a banned op: the model's error
+                raise AutocastPolicyError(name, BANNED_MESSAGE)
             with torch._C._ExcludeDispatchKeyGuard(exclude):
-                return op(*map_leaves(fn, args), **map_leaves(fn, kwargs))  # passes the call on
+                try:  # the casts are ours (``InternalError``), the op the model's
+                    if cast is Cast.LOWER:
+                        fn = _cast_to(low)
+                    elif cast is Cast.FP32 or (
+                        cast is Cast.FP32_UNLESS_DTYPE and not explicit_dtype(op, args, kwargs)
+                    ):
+                        fn = _cast_to(torch.float32)
+                    elif cast is Cast.PROMOTE:
+                        fn = _cast_to(_widest(args, kwargs))
+                    else:
+                        fn = _identity
+                    cast_args, cast_kwargs = map_leaves(fn, args), map_leaves(fn, kwargs)
+                except OURS_AS_THEY_ARE:
+                    raise
+                except Exception as exc:
+                    raise InternalError(exc) from exc
+                return op(*cast_args, **cast_kwargs)
 
         return kernel
 

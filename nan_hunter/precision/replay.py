@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
+
 AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 """The devices whose autocast state a replay turns off."""
 
@@ -23,7 +25,8 @@ def replay_in_fp32(
     float64_too: bool = False,
 ) -> Any:
     """``func(*args, **kwargs)`` again with its floating-point tensors in FP32 and autocast
-    off on every device. FP64 tensors stay FP64 unless ``float64_too``."""
+    off on every device. FP64 tensors stay FP64 unless ``float64_too``. A failure of the
+    casts is ours (``InternalError``); one of ``func`` is passed on as it is."""
 
     def up(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and (
@@ -32,10 +35,16 @@ def replay_in_fp32(
             return x.float()
         return x
 
+    try:
+        up_args, up_kwargs = tree_map(up, args), tree_map(up, kwargs)
+    except OURS_AS_THEY_ARE:
+        raise
+    except Exception as exc:
+        raise InternalError(exc) from exc
     with contextlib.ExitStack() as stack:
         for device in AUTOCAST_DEVICES:
             stack.enter_context(torch.autocast(device_type=device, enabled=False))
-        return func(*tree_map(up, args), **tree_map(up, kwargs))  # passes the call on
+        return func(*up_args, **up_kwargs)
 
 
 def fp32_context(device: str) -> contextlib.AbstractContextManager[object]:

@@ -8,6 +8,7 @@ from the method it dispatches to (``a.mul(b)``), so the report can name ``Tensor
 from __future__ import annotations
 
 import dis
+import inspect
 import linecache
 from collections.abc import Callable
 from functools import lru_cache
@@ -54,15 +55,6 @@ def frame_origin(filename: str) -> str:
     if resolved.startswith(_OWN_ROOT):
         return "own"
     return "user"
-
-
-def own_module_path(filename: str) -> str | None:
-    """The path of one of nan_hunter's files inside the package (``"trace/tracer.py"``),
-    whatever the package's folder is called where it really lies (a symlinked install); None
-    for any other file."""
-    if frame_origin(filename) != "own":
-        return None
-    return Path(filename).resolve().as_posix()[len(_OWN_ROOT) :]
 
 
 def user_frame(start: FrameType) -> tuple[FrameType | None, bool]:
@@ -247,3 +239,19 @@ class SiteResolver:
     ) -> tuple[str, SourceLocation | None, bool]:
         location = location_of(frame) if frame is not None else None
         return call_site_name(func, frame if in_user_code else None), location, in_user_code
+
+
+def backward_location(function: type) -> SourceLocation | None:
+    """The ``def backward`` line of a custom ``autograd.Function`` (its decorators skipped)."""
+    backward = getattr(function, "backward", None)
+    if callable(backward):
+        backward = inspect.unwrap(backward)  # under once_differentiable and other wrappers
+    code = getattr(backward, "__code__", None)
+    if code is None:
+        return None
+    file, line = code.co_filename, code.co_firstlineno
+    for offset in range(16):  # @staticmethod and any other decorators stand above the def
+        text = linecache.getline(file, line + offset).strip()
+        if text.startswith(("def ", "async def ")):
+            return SourceLocation(file=file, line=line + offset, code=text)
+    return SourceLocation(file=file, line=line, code=linecache.getline(file, line).strip())

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from nan_hunter.errors import PassSignal
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace.stats import (
     TensorStats,
@@ -47,7 +48,7 @@ def version_of(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-class StaleStatistics(RuntimeError):
+class StaleStatistics(PassSignal):
     """A queued tensor was written to, out of the tracer's sight, before its statistics were
     taken."""
 

@@ -11,6 +11,7 @@ module tells them apart from the many harmless reads of ``x.device`` (``device=x
 from __future__ import annotations
 
 import dis
+import linecache
 import sys
 import threading
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from typing import Any
 
 import torch
 
+from nan_hunter.errors import ours
+from nan_hunter.location import SourceLocation
 from nan_hunter.project import is_installed
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.trace.call_sites import frame_origin
@@ -89,6 +92,28 @@ def _compares_type(code: CodeType, offset: int) -> bool:
 
 _COMPARISONS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP"})
 
+_MODE_FRAMES = frozenset({"__torch_function__", "call_or_replay"})
+"""Frames of nan_hunter's own modes that pass a call on (seen between a call and its caller)."""
+
+
+def asking_frame(frame: FrameType | None) -> FrameType | None:
+    """The frame that made a call, past the frames of our own modes stacked between it and
+    ``frame`` (the caller of the mode that saw the call)."""
+    while (
+        frame is not None
+        and frame.f_code.co_name in _MODE_FRAMES
+        and frame_origin(frame.f_code.co_filename) == "own"
+    ):
+        frame = frame.f_back
+    return frame
+
+
+def query_site(frame: FrameType) -> SourceLocation:
+    """Where ``frame`` is: the file, the line and its code."""
+    line = frame.f_lineno or 0
+    code = linecache.getline(frame.f_code.co_filename, line).strip()
+    return SourceLocation(file=frame.f_code.co_filename, line=line, code=code)
+
 
 _LISTENERS = threading.local()
 """Per thread: the callback of the traced pass running in it, for ``torch.cuda`` queries."""
@@ -98,13 +123,19 @@ def _asking(original: Callable[..., Any], asked: str) -> Callable[..., Any]:
     def asking(*args: Any, **kwargs: Any) -> Any:
         listener = getattr(_LISTENERS, "current", None)
         if listener is not None:
-            frame = sys._getframe(1)
-            filename = frame.f_code.co_filename
-            if frame_origin(filename) == "user" and not is_installed(filename):
-                listener(asked, frame)
-        return original(*args, **kwargs)  # passes the call on
+            _tell(listener, asked, sys._getframe(1))
+        return original(*args, **kwargs)
 
     return asking
+
+
+@ours
+def _tell(listener: Callable[[str, FrameType], None], asked: str, frame: FrameType) -> None:
+    """Passes a query from the user's project code (``frame``) on to ``listener``: our own
+    code inside the model's call (its failure is an ``InternalError``)."""
+    filename = frame.f_code.co_filename
+    if frame_origin(filename) == "user" and not is_installed(filename):
+        listener(asked, frame)
 
 
 CUDA_QUERIES = (

@@ -2,7 +2,8 @@
 
 A global forward pre hook pushes the module; a forward hook registered last on each module pops
 it after the user's own forward hooks ran. Everything is removed when the tracker exits, so the
-user's hook dictionaries end as they began.
+user's hook dictionaries end as they began. The hooks run inside the model's call: their own
+failures are ``InternalError`` (``errors.ours``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
+
+from nan_hunter.errors import ours
 
 
 class ModuleTracker:
@@ -38,12 +41,14 @@ class ModuleTracker:
     def current(self) -> str:
         return self._stack[-1] if self._stack else ""
 
+    @ours
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         name = self._names.get(id(module))
         if name is not None:
             self._stack.append(name)
             self.executed.append(name)
 
+    @ours
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._on_output is not None:
             self._on_output(output)

@@ -4,7 +4,12 @@ A ``TorchFunctionMode`` sees calls as the user wrote them (``torch.matmul``, ``a
 ``F.linear`` inside ``nn.Linear``) before autocast casts their inputs, so an FP32 input that
 autocast is about to turn into FP16 inf is still visible. Statistics are cached per tensor
 (weakly), so each tensor is reduced once however many ops read it. Backward is observed through
-hooks on the autograd nodes of the traced outputs, which ties each gradient to its forward op.
+hooks on the autograd nodes of the traced outputs (``backward_hooks``), which ties each gradient
+to its forward op. What a call goes through besides its record (the names that tell a view or an
+in-place write, the FP32 replay of an op CUDA's autocast refuses) is in ``op_calls``.
+
+The tracer's bookkeeping before and after an op runs inside the model's call: its own failure is
+an ``InternalError`` (inline ``try``: no call per op), the op's is passed on as it is.
 
 Nothing on the hot path reads a value back to the host: tensors are queued in a ``StatsQueue``
 (one read-back per batch of tensors), call sites are resolved once per (function, code,
@@ -13,66 +18,47 @@ instruction) and events are built from the resolved statistics when they are ask
 
 from __future__ import annotations
 
-import inspect
-import linecache
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
-from torch.utils.hooks import RemovableHandle
 
 from nan_hunter._nest import call_leaves, leaves, output_leaves
-from nan_hunter.errors import UnsupportedError
+from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.location import SourceLocation
-from nan_hunter.precision.failures import PolicyFailure, policy_failure
+from nan_hunter.precision.failures import PolicyFailure
 from nan_hunter.precision.formats import FloatFormat
-from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.trace import deferred
-from nan_hunter.trace.call_sites import SiteResolver, frame_origin
+from nan_hunter.trace.backward_hooks import NodeHooks
+from nan_hunter.trace.call_sites import SiteResolver, backward_location, frame_origin
 from nan_hunter.trace.deferred import StaleStatistics, StatsQueue, TensorMap, version_of
-from nan_hunter.trace.device_queries import device_query, may_ask_device
+from nan_hunter.trace.device_queries import (
+    asking_frame,
+    device_query,
+    may_ask_device,
+    query_site,
+)
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
+from nan_hunter.trace.op_calls import (
+    VIEW_OPS,
+    base_name,
+    call_or_replay,
+    detached_copy,
+    is_inplace,
+    protect_written,
+    refuse_nested,
+)
 from nan_hunter.trace.stats import TensorStats
-
-# Ops that only re-view or re-label their input: no arithmetic, so nothing to check.
-_VIEW_OPS = frozenset(
-    {
-        "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "T", "mT",
-        "H", "mH", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten",
-        "narrow", "select", "split", "chunk", "unbind", "detach", "movedim", "swapaxes",
-        "contiguous", "as_strided", "diagonal", "unfold", "data", "requires_grad_",
-    }
-)  # fmt: skip
-
-
-_MODE_FRAMES = frozenset({"__torch_function__", "call_or_replay"})
-"""Frames of nan_hunter's own modes that pass a call on (seen between a call and its caller)."""
 
 _CUSTOM_FUNCTION = torch.autograd.function.BackwardCFunction
 """The class of every custom ``autograd.Function``'s node (``<Name>Backward``)."""
 
 _AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-
-
-def _base_name(func: Callable[..., Any]) -> str:
-    name = getattr(func, "__name__", "")
-    if name == "__get__":  # a property such as Tensor.T
-        name = getattr(getattr(func, "__self__", None), "__name__", name)
-    return name
-
-
-def _is_inplace(name: str, kwargs: dict[str, Any]) -> bool:
-    if "out" in kwargs:
-        return True
-    if name.startswith("__"):
-        return name.startswith("__i") or name == "__setitem__"
-    return name.endswith("_")
 
 
 class _OpRecord(NamedTuple):
@@ -225,34 +211,53 @@ class OpTracer(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if self._paused:
-            return func(*args, **kwargs)  # passes the call on
-        name = _base_name(func)
-        flat = call_leaves(args, kwargs)
-        in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-        self._watch_custom_functions(in_tensors)
-        if name in _VIEW_OPS:
-            out = func(*args, **kwargs)  # passes the call on
-            self._inherit_producer(out, in_tensors)
+            return func(*args, **kwargs)
+        # Our bookkeeping before and after the op is ours (``InternalError``); the op call is
+        # the model's. Inline ``try``s: free when nothing raises, and no call per op.
+        try:
+            name = base_name(func)
+            flat = call_leaves(args, kwargs)
+            in_tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+            self._watch_custom_functions(in_tensors)
+            view = name in VIEW_OPS
+            if not view:
+                inplace = is_inplace(name, kwargs)
+                if inplace and in_tensors:
+                    # The op writes a tensor that may wait in the queue: take its statistics.
+                    self._queue.flush()
+                in_slots = tuple(self._slot_of(t) for t in in_tensors)
+                producers = tuple(self._producer.get(t) for t in in_tensors)
+                if self._before_write is not None and in_tensors and inplace:
+                    protect_written(self._before_write, kwargs, in_tensors)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
+        if view:
+            out = func(*args, **kwargs)
+            try:
+                self._inherit_producer(out, in_tensors)
+            except OURS_AS_THEY_ARE:
+                raise
+            except Exception as exc:
+                raise InternalError(exc) from exc
             return out
-        inplace = _is_inplace(name, kwargs)
-        if inplace and in_tensors:
-            # The op writes a tensor that may wait in the queue: take its statistics first.
-            self._queue.flush()
-        in_slots = tuple(self._slot_of(t) for t in in_tensors)
-        producers = tuple(self._producer.get(t) for t in in_tensors)
-        if self._before_write is not None and in_tensors and inplace:
-            _protect_written(self._before_write, kwargs, in_tensors)
-        out, failure = call_or_replay(func, args, kwargs)  # passes the call on
-        out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
-        if inplace and in_tensors:
-            self._stats.pop(in_tensors[0], None)
-            if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
-                out_tensors = [in_tensors[0]]
-        if not out_tensors:
-            if in_tensors and not self.in_loss and may_ask_device(func):
-                self._note_device_query(func)
-            return out
-        self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
+        out, failure = call_or_replay(func, args, kwargs)
+        try:
+            out_tensors = [x for x in leaves(out) if isinstance(x, torch.Tensor)]
+            if inplace and in_tensors:
+                self._stats.pop(in_tensors[0], None)
+                if not out_tensors:  # __setitem__ returns None: the mutated tensor is the output
+                    out_tensors = [in_tensors[0]]
+            if not out_tensors:
+                if in_tensors and not self.in_loss and may_ask_device(func):
+                    self._note_device_query(func)
+                return out
+            self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
+        except OURS_AS_THEY_ARE:
+            raise
+        except Exception as exc:
+            raise InternalError(exc) from exc
         return out
 
     def note_cuda_query(self, asked: str, frame: Any) -> None:
@@ -261,20 +266,12 @@ class OpTracer(TorchFunctionMode):
             self._add_device_query(asked, frame)
 
     def _add_device_query(self, asked: str, frame: Any) -> None:
-        where = SourceLocation(
-            file=frame.f_code.co_filename,
-            line=frame.f_lineno or 0,
-            code=linecache.getline(frame.f_code.co_filename, frame.f_lineno or 0).strip(),
-        )
+        where = query_site(frame)
         self.device_queries.setdefault((where.file, where.line), (asked, where))
 
     def _note_device_query(self, func: Callable[..., Any]) -> None:
-        frame: Any = sys._getframe(2)  # the code that read the property or called the method
-        while (
-            frame is not None and frame.f_code.co_name in _MODE_FRAMES
-            and frame_origin(frame.f_code.co_filename) == "own"
-        ):
-            frame = frame.f_back  # another mode of ours stacked above this one
+        # the code that read the property or called the method (``sys._getframe(2)``)
+        frame = asking_frame(sys._getframe(2))
         asked = device_query(func, frame)
         if asked is not None:
             self._add_device_query(asked, frame)
@@ -297,7 +294,7 @@ class OpTracer(TorchFunctionMode):
         out_slots = []
         for t in out_tensors:
             if t.is_nested:  # no statistic (aminmax, counts) has a kernel for one
-                _refuse_nested(op, self._modules.current)
+                refuse_nested(op, self._modules.current)
             self.output_bytes += t.numel() * t.element_size()
             slot = self._queue.add(t, counts_all or t.dtype == low)
             self._stats[t] = slot
@@ -366,7 +363,7 @@ class OpTracer(TorchFunctionMode):
                 )
                 if now != versions:
                     raise StaleStatistics("the first origin's arguments changed before capture")
-                self.first_origin_call = CapturedCall(func, *_detached_copy(args, kwargs))
+                self.first_origin_call = CapturedCall(func, *detached_copy(args, kwargs))
                 self._origin_found = True
                 self._calls, self._calls_held = [], 0
                 return
@@ -427,7 +424,7 @@ class OpTracer(TorchFunctionMode):
 
     def _record_custom_function(self, node: Any, t: torch.Tensor) -> None:
         function = type(node)._forward_cls
-        location = _backward_location(function)
+        location = backward_location(function)
         op = f"{function.__qualname__}.apply"
         index = len(self._records)
         slot = self._slot_of(t)
@@ -464,8 +461,9 @@ class OpTracer(TorchFunctionMode):
             if node is not None and id(node) not in self._nodes:
                 self._nodes[id(node)] = (node, index)
 
-    def backward_hooks(self) -> _BackwardHooks:
-        return _BackwardHooks(self)
+    def backward_hooks(self) -> NodeHooks:
+        """Hooks on the traced nodes for one backward (``with tracer.backward_hooks(): ...``)."""
+        return NodeHooks(list(self._nodes.values()), self._on_node, self.flush)
 
     def begin_backward(self) -> None:
         """Forget the gradients of an earlier backward on the same graph."""
@@ -495,138 +493,3 @@ class OpTracer(TorchFunctionMode):
         incoming = tuple(slot(g) for g in grad_outputs if g is not None)
         produced = tuple(slot(g) for g in grad_inputs if g is not None)
         self._grad_records.append((len(self._grad_records), forward_index, incoming, produced))
-
-
-class UntracedOps(TorchFunctionMode):
-    """What ``OpTracer`` does to a call besides recording it, for a forward that is not traced
-    (a loss-scale window's pass): the tensor an in-place op is about to write goes to
-    ``before_write`` first (``ModelState.protect``: a parameter written in forward is restored
-    after the pass), and an op CUDA's autocast stops runs again in FP32, so the pass goes on
-    as the traced one did."""
-
-    def __init__(self, before_write: Callable[[torch.Tensor], None]) -> None:
-        super().__init__()
-        self._before_write = before_write
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        name = _base_name(func)
-        if name not in _VIEW_OPS and _is_inplace(name, kwargs):
-            in_tensors = [x for x in call_leaves(args, kwargs) if isinstance(x, torch.Tensor)]
-            if in_tensors:
-                _protect_written(self._before_write, kwargs, in_tensors)
-        return call_or_replay(func, args, kwargs)[0]  # passes the call on
-
-
-def _backward_location(function: type) -> SourceLocation | None:
-    """The ``def backward`` line of a custom ``autograd.Function`` (its decorators skipped)."""
-    backward = getattr(function, "backward", None)
-    if callable(backward):
-        backward = inspect.unwrap(backward)  # under once_differentiable and other wrappers
-    code = getattr(backward, "__code__", None)
-    if code is None:
-        return None
-    file, line = code.co_filename, code.co_firstlineno
-    for offset in range(16):  # @staticmethod and any other decorators stand above the def
-        text = linecache.getline(file, line + offset).strip()
-        if text.startswith(("def ", "async def ")):
-            return SourceLocation(file=file, line=line + offset, code=text)
-    return SourceLocation(file=file, line=line, code=linecache.getline(file, line).strip())
-
-
-def _refuse_nested(op: str, module: str) -> NoReturn:
-    """Raised where an op returned a nested tensor, naming the innermost line of the user's
-    code on the stack (the op may run inside torch's Python, or under our own call of it)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame_origin(frame.f_code.co_filename) != "user":
-        frame = frame.f_back  # type: ignore[assignment]
-    where = f" in module '{module}'" if module else ""
-    at = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
-    raise UnsupportedError(
-        f"{op}{where}{at} returned a nested tensor (torch.nested): nan-hunter scans dense "
-        "tensors only; scan the model on padded ones (nested.to_padded_tensor(0.0))"
-    )
-
-
-def _protect_written(
-    before_write: Callable[[torch.Tensor], None],
-    kwargs: dict[str, Any],
-    in_tensors: list[torch.Tensor],
-) -> None:
-    """Hands the tensors an in-place op is about to write (``out=``, else its first input) to
-    ``before_write``."""
-    written = kwargs.get("out", in_tensors[0])
-    for t in written if isinstance(written, (tuple, list)) else (written,):
-        if isinstance(t, torch.Tensor):
-            before_write(t)
-
-
-def call_or_replay(
-    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, PolicyFailure | None]:
-    """``func(*args, **kwargs)``, and None; for an op CUDA's autocast refuses, where CUDA would
-    stop, the op run again in FP32 (so the scan goes on), and the refusal to report."""
-    try:
-        return func(*args, **kwargs), None  # passes the call on
-    except RuntimeError as exc:
-        failure = policy_failure(exc)
-        if failure is None:
-            raise
-        result = replay_in_fp32(func, args, kwargs)  # passes the call on
-        if failure.kind == "scalar_overflow":
-            result = _as_written(result, args)
-        return result, failure
-
-
-def _as_written(result: Any, args: tuple[Any, ...]) -> Any:
-    """A constant too large for the tensor it goes into (``masked_fill(m, -1e9)`` on FP16): the
-    FP32 replay's result in the tensor's own dtype (``-inf`` where the constant went), which
-    is what the model's next ops would compute with had the op saturated; an FP32 result
-    would meet the next FP16 op as a dtype error of ours."""
-    dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)
-                  and a.is_floating_point()), None)
-    if dtype is None:
-        return result
-    return tree_map(
-        lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
-        result,
-    )
-
-
-class _BackwardHooks:
-    """Installs node hooks on the traced autograd nodes for one backward; removes them after."""
-
-    def __init__(self, tracer: OpTracer) -> None:
-        self._tracer = tracer
-        self._handles: list[RemovableHandle] = []
-
-    def __enter__(self) -> None:
-        for node, index in self._tracer._nodes.values():
-            self._handles.append(node.register_hook(self._hook_for(index)))
-
-    def _hook_for(self, index: int) -> Callable[[Any, Any], None]:
-        tracer = self._tracer
-
-        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
-            tracer._on_node(index, grad_inputs, grad_outputs)
-
-        return hook
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._tracer.flush()
-
-
-def _detached_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    def copy(x: Any) -> Any:
-        return x.detach().clone() if isinstance(x, torch.Tensor) else x
-
-    return tree_map(copy, args), tree_map(copy, kwargs)

@@ -17,7 +17,7 @@ from nan_hunter.loader import Target
 from nan_hunter.options import explicitly_set
 from nan_hunter.precision.formats import format_for
 from nan_hunter.progress import announce
-from nan_hunter.runner import default_loss
+from nan_hunter.traced_forward import default_loss
 from nan_hunter.training.checks import ScaleWatch, bad_grad_names, grads_finite_flag
 from nan_hunter.training.events import StepsResult
 from nan_hunter.training.step_verdict import step_verdict

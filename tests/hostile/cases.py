@@ -255,7 +255,7 @@ def _pickle_payload() -> bytes:
 HELPER = "SCALE = 1.0\n"
 BREAKS_NAN_HUNTER = "import nan_hunter.api\nnan_hunter.api.scan_target = lambda *a, **k: 1 / 0\n"
 """A model that breaks nan-hunter itself: stands for a bug of ours inside the scan process."""
-BREAKS_THE_GRADIENT_LOG = "import nan_hunter.precision.gradients as g\ng._fill_row = None\n"
+BREAKS_THE_GRADIENT_LOG = "import nan_hunter.precision.gradients as g\ng.fill_row = None\n"
 """... a bug of ours that strikes while the model's backward runs: not the model's error."""
 HANGS = model(build="import time\ntime.sleep(600)")
 LATIN1 = ("# -*- coding: latin-1 -*-\n# caf\xe9, na\xefve\n" + MATRIX).encode("latin-1")

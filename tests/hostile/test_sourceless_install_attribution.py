@@ -1,9 +1,8 @@
-"""Error attribution by a file's path inside the package: its
-``_passes_on`` reads an install without .py files (only legacy .pyc, as a compileall -b build
-leaves) as passing every line of a pass-on function on. Before, such an install never got
-that far: ``config.known_codes`` read the rule codes from ``rules/nh*.py`` file names only, found
-none, and every scan (the default config selects ``NH``) ended in "'select' has an unknown rule
-code 'NH'"."""
+"""An install without .py files (only legacy .pyc, as a compileall -b build leaves) scans, and
+tells the model's errors from ours (which need no source: ``InternalError`` is raised where our
+code fails). ``config.known_codes`` finds the rule codes there too (not only from
+``rules/nh*.py`` file names: else every scan, the default config selecting ``NH``, would end in
+"'select' has an unknown rule code 'NH'")."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 import nan_hunter
 from nan_hunter.config import known_codes
-from nan_hunter.errors import UserCodeError
+from nan_hunter.errors import InternalError, UserCodeError
 from nan_hunter.trace import deferred
 
 class Bad(nn.Module):
@@ -43,8 +42,8 @@ try:
     nan_hunter.scan(nn.Linear(4, 2), torch.ones(3, 4))
 except UserCodeError as exc:
     print("blamed on the model:", exc)
-except TypeError as exc:
-    print("ours:", exc)
+except InternalError as exc:
+    print("ours:", exc.original)
 """
 
 
