@@ -18,7 +18,13 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from nan_hunter.errors import OURS_AS_THEY_ARE, UserCodeError, first_line
+from nan_hunter.errors import (
+    OURS_AS_THEY_ARE,
+    UserCodeError,
+    first_line,
+    ours_lost_since,
+    ours_raised_within,
+)
 from nan_hunter.trace.call_sites import frame_origin
 from nan_hunter.trace.modules import ModuleTracker
 
@@ -30,11 +36,18 @@ def user_errors(modules: ModuleTracker | None, phase: str) -> Iterator[None]:
     and the modules executed (``modules``: the tracker of a pass; none outside one); an
     ``InternalError``, a signal to the runner (``PassSignal``) and ``NOT_THE_MODELS`` go on as
     they are."""
+    mark = ours_raised_within()
     try:
         yield
     except OURS_AS_THEY_ARE:
+        ours_lost_since(mark)
         raise
     except BaseException as exc:
+        lost = ours_lost_since(mark)
+        if lost is not None:
+            # the model caught ours, then failed on the path it took instead: ours keeps its
+            # cause, the model's error becomes its context
+            raise lost  # noqa: B904
         frame = _last_user_frame(exc)
         where = context = ""
         if modules is not None:
@@ -47,6 +60,9 @@ def user_errors(modules: ModuleTracker | None, phase: str) -> Iterator[None]:
             f"{first_line(exc)}{context}",
             user_frame=frame,
         ) from exc
+    lost = ours_lost_since(mark)
+    if lost is not None:  # the model caught ours and went on
+        raise lost
 
 
 _STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve()) + "/"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -63,12 +64,60 @@ class InternalError(RuntimeError):
     def __init__(self, original: BaseException) -> None:
         super().__init__(f"{type(original).__name__}: {first_line(original)}")
         self.original = original
+        _RAISED.note(self)
 
 
 class PassSignal(RuntimeError):
     """A signal from the pass's bookkeeping to the runner, not a failure: the pass must run
     again another way (``StaleStatistics``, ``UnmeasuredGradient``). It passes through every
     layer of ours unchanged."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        _RAISED.note(self)
+
+
+class _RaisedInTheModel(threading.local):
+    """The ``InternalError``s and ``PassSignal``s created on this thread while the model's code
+    runs (inside ``blame.user_errors``): one the model catches (``except RuntimeError``, ``except
+    Exception`` around a fallback path) must not be lost, or a pass would go on over an op it
+    did not trace, or with statistics it never took, and could call the model clean."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.seen: list[BaseException] = []
+
+    def note(self, exc: BaseException) -> None:
+        if self.open:
+            self.seen.append(exc)
+
+    def enter(self) -> int:
+        self.open += 1
+        return len(self.seen)
+
+    def leave(self, mark: int) -> BaseException | None:
+        """The first of ours created since ``mark`` (an ``InternalError`` before a signal),
+        forgotten here; None when there was none."""
+        self.open -= 1
+        since, self.seen[mark:] = self.seen[mark:], []
+        bugs = [e for e in since if isinstance(e, InternalError)]
+        return (bugs or since or [None])[0]
+
+
+_RAISED = _RaisedInTheModel()
+
+
+def ours_raised_within() -> int:
+    """Starts collecting, on this thread, our exceptions created inside the model's code; the
+    mark to hand ``ours_lost_since``."""
+    return _RAISED.enter()
+
+
+def ours_lost_since(mark: int) -> BaseException | None:
+    """Stops collecting: the first exception of ours created since ``mark`` (an ``InternalError``
+    before a ``PassSignal``), or None. Called where the model's code returned, or raised an
+    error of its own, it is one the model caught."""
+    return _RAISED.leave(mark)
 
 
 NOT_THE_MODELS: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, NanHunterError)
