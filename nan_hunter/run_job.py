@@ -6,9 +6,10 @@ The command line (``run_command``, torch-free) starts ``python -c _BOOT <home> <
 ``sys.path[0]`` that ``python train.py ...`` (or ``python -m pkg.train ...``) would, and runs
 it. On a problem step the report goes to stderr (and to ``--output``/``--patch``), one line
 says where, then ``--on-problem`` applies. The exit code is the script's own when nothing was
-found, 1 when a problem was, 0 after ``--max-steps`` clean steps. The script's exceptions and
-Ctrl-C end it as they would without nan-hunter: the traceback (nan-hunter's own frames left
-out), exit code 1, or death by SIGINT.
+found, 1 when a problem was, 0 after ``--max-steps`` clean steps, 2 when a hook of nan-hunter's
+failed (``training.hook_failures``: one line says so, the script is stopped). The script's
+exceptions and Ctrl-C end it as they would without nan-hunter: the traceback (nan-hunter's own
+frames left out), exit code 1, or death by SIGINT.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from nan_hunter.findings import Report
     from nan_hunter.training.attach import RunEvent, ScriptWatch
     from nan_hunter.training.clipping import WatchWarning
+    from nan_hunter.training.hook_failures import WatchFailed
 
 EXIT_PROBLEM = 1
 ON_PROBLEM_CHOICES = ("stop", "continue", "raise")
@@ -92,6 +94,7 @@ def run(job: RunJob, args: list[str]) -> int:
     import signal
 
     from nan_hunter.training.attach import ScriptWatch, StopRun
+    from nan_hunter.training.hook_failures import EXIT_INTERNAL
 
     if job.script is not None:
         script = os.path.abspath(job.script)
@@ -129,6 +132,9 @@ def run(job: RunJob, args: list[str]) -> int:
         code = 1
     if interrupted is not None:
         _show(interrupted)
+    if watch.failure is not None:  # a bug of ours, whatever the script made of it
+        state.failed(watch.failure)
+        code = EXIT_INTERNAL
     state.summary(code)
     state.clean_files(code)
     if interrupted is not None:  # die of SIGINT, as Python does after a KeyboardInterrupt
@@ -276,6 +282,14 @@ class _State:
         except NanHunterError as exc:
             self.say(f"error: {exc}")
 
+    def failed(self, failure: WatchFailed) -> None:
+        self.ended_by = "internal error"
+        self.say(failure.line())
+        if os.environ.get("NAN_HUNTER_DEBUG"):
+            import traceback
+
+            traceback.print_exception(failure.error.original, file=sys.stderr)
+
     def summary(self, code: int) -> None:
         watch = self.watch
         if watch is None or (self.job.quiet and not watch.problems):
@@ -287,6 +301,9 @@ class _State:
         watch = self.watch
         assert watch is not None
         steps = watch.steps
+        if self.ended_by == "internal error":
+            return (f"{steps} optimizer step{'s' * (steps != 1)} checked before nan-hunter "
+                    "failed; later steps were not checked")
         if not watch.optimizers_seen and not steps:
             return (
                 "no optimizer step was seen: nothing was checked (the script never called "
@@ -315,6 +332,10 @@ class _State:
 
         watch, job = self.watch, self.job
         if watch is None or watch.problems or os.environ.get("RANK", "0") != "0":
+            return
+        if watch.failure is not None:  # not clean: what came after the failure was not checked
+            if job.output is not None and not job.quiet:
+                self.say(f"no report written to {job.output}: the run was not checked to its end")
             return
         if job.output is not None:
             self._file(job.output, render(self.clean_report(code), job.output_format))

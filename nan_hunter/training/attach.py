@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,12 +44,12 @@ from torch.optim.optimizer import (
 from torch.utils.hooks import RemovableHandle
 
 from nan_hunter.config import Settings
-from nan_hunter.errors import NanHunterError, first_line
-from nan_hunter.findings import Report, TrainingSteps
+from nan_hunter.errors import InternalError, NanHunterError, first_line
+from nan_hunter.findings import TrainingSteps
 from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.training import script_patches
-from nan_hunter.training.checks import ScaleWatch, finite_flag, grads_finite_flag
+from nan_hunter.training.checks import ScaleWatch, bad_optimizer_grads, grads_finite_flag
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
 from nan_hunter.training.distributed import (
     OK,
@@ -61,6 +60,8 @@ from nan_hunter.training.distributed import (
     current_ranks,
     scanning_ranks,
 )
+from nan_hunter.training.events import RunEvent
+from nan_hunter.training.hook_failures import WatchFailed, script_entry
 from nan_hunter.training.model_copy import (
     gather_full_state,
     replay_copy,
@@ -72,22 +73,6 @@ from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 
 MAX_CALLS = 64
 """Model calls kept per optimizer step (gradient accumulation); the oldest are dropped."""
-
-
-@dataclass(frozen=True)
-class RunEvent:
-    """A training step of the script that tripped the check, and the re-run of it."""
-
-    step: int
-    """1-based index of the optimizer step (as trainers count them)."""
-    reason: Reason
-    detail: str
-    report: Report | None
-    """The scan of the step's model call; None when it could not be re-run (``why_not``)."""
-    model: str = ""
-    """The class of the model that was re-run."""
-    why_not: str = ""
-    scale: float | None = None
 
 
 class StopRun(SystemExit):
@@ -145,6 +130,8 @@ class ScriptWatch:
         self._ranks: Ranks | None = None
         self._handles: list[RemovableHandle] = []
         self._patches: list[SharedPatch] = []
+        self.failure: WatchFailed | None = None
+        """Set when a hook of ours failed: the watch is detached and the script ended."""
 
     # ------------------------------------------------------------------ install / remove
 
@@ -185,8 +172,19 @@ class ScriptWatch:
             script_patches.deactivate(self)
             self._calls, self._losses = [], []
 
+    def detach_after(self, hook: str, exc: Exception) -> WatchFailed:
+        """A hook of ours raised ``exc``: the watch leaves the script as it found it (the
+        gradients set aside put back) and the ``WatchFailed`` to end the script with."""
+        self.failure = WatchFailed(hook, self.steps + 1, InternalError(exc))
+        try:
+            self._restore_grads()
+        finally:
+            self.close()
+        return self.failure
+
     # ------------------------------------------------------------------ what the hooks see
 
+    @script_entry("the module forward pre-hook")
     def _pre_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1
@@ -196,6 +194,7 @@ class ScriptWatch:
             return  # a loss module, an activation called on its own
         self._local.pending = (module, StepPrecision.now(module, args))
 
+    @script_entry("the module forward hook")
     def _post_forward(self, module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         # (kwargs, output); after a forward that raised, torch passes (output=None) only
         kwargs, output = rest if len(rest) == 2 else ({}, None)
@@ -213,6 +212,7 @@ class ScriptWatch:
             self._calls.append(call)
             del self._calls[:-MAX_CALLS]
 
+    @script_entry("the backward replacement")
     def saw_backward(self, tensors: Any) -> None:
         """A backward starts from ``tensors`` (a tensor or a sequence, as
         ``torch.autograd.backward`` takes them): the one-element ones are losses."""
@@ -236,6 +236,7 @@ class ScriptWatch:
     def _loss_flags(self) -> list[torch.Tensor]:
         return [torch.isfinite(loss.detach()).all() for loss in self._losses]
 
+    @script_entry("the optimizer step pre-hook")
     def _before_update(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -254,6 +255,7 @@ class ScriptWatch:
         self.check(optimizer)
         return None
 
+    @script_entry("the step check")
     def check(self, optimizer: torch.optim.Optimizer) -> None:
         """The step check, between the backward and the update."""
         scaler = self._in_scaler
@@ -272,7 +274,7 @@ class ScriptWatch:
             loss=None if losses_ok else self._first_bad_loss(), loss_ok=losses_ok,
             grads_ok=grads_ok,
             scaled=scaler is not None, scale_problem=None,
-            bad_grads=lambda: _bad_grads(optimizer),
+            bad_grads=lambda: bad_optimizer_grads(optimizer),
         )
         if problem is not None:
             self._losses = []  # checked: the GradScaler's update does not count them again
@@ -289,6 +291,7 @@ class ScriptWatch:
                 self._restore_grads()
                 raise
 
+    @script_entry("the optimizer step post-hook")
     def _after_update(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._busy:
             return
@@ -296,6 +299,7 @@ class ScriptWatch:
         if self._in_scaler is None:  # with a GradScaler its update() ends the step
             self._step_done()
 
+    @script_entry("GradScaler.step")
     def scaler_step(self, scaler: Any, optimizer: Any) -> None:
         """GradScaler.step is about to run: the optimizer pre-hook is inside it."""
         key = id(scaler)
@@ -311,6 +315,7 @@ class ScriptWatch:
         self._in_scaler = scaler
         self._scaler_optimizer = optimizer
 
+    @script_entry("the clipping guard")
     def _clipped_scaled(self, name: str, where: str, scaler: Any) -> None:
         if self.warnings:
             return  # reported once
@@ -328,9 +333,11 @@ class ScriptWatch:
         if self.on_warning is not None:
             self.on_warning(warning)
 
+    @script_entry("GradScaler.step")
     def scaler_step_done(self) -> None:
         self._in_scaler = None
 
+    @script_entry("GradScaler.update")
     def scaler_updated(self, scaler: Any) -> None:
         if self._busy:
             return
@@ -485,11 +492,3 @@ class _CheckedClosure:
         result = self.closure(*args, **kwargs)
         self.watch.check(self.optimizer)
         return result
-
-
-def _bad_grads(optimizer: torch.optim.Optimizer) -> str:
-    names = {id(p): f"param_groups[{g}][{i}]" for g, group in enumerate(optimizer.param_groups)
-             for i, p in enumerate(group["params"])}
-    bad = [names[id(p)] for group in optimizer.param_groups for p in group["params"]
-           if p.grad is not None and not bool(finite_flag([p.grad]))]
-    return f" ({len(bad)} of the optimizer's parameters)" if bad else ""

@@ -12,8 +12,8 @@ from nan_hunter.trace.stats import finite_flag
 from nan_hunter.training.step_verdict import Problem, Reason
 
 __all__ = [
-    "ScaleWatch", "bad_grad_names", "finite_flag", "grads_finite_flag", "params_finite",
-    "scaler_active",
+    "ScaleWatch", "bad_grad_names", "bad_optimizer_grads", "finite_flag", "grads_finite_flag",
+    "params_finite", "scaler_active",
 ]  # fmt: skip
 
 
@@ -37,6 +37,16 @@ def bad_grad_names(model: torch.nn.Module) -> str:
         return ""
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
     return f" in {bad[0]}{more}"
+
+
+def bad_optimizer_grads(optimizer: torch.optim.Optimizer) -> str:
+    """How many of ``optimizer``'s parameters have non-finite gradients (run only on a
+    problem)."""
+    bad = sum(
+        1 for group in optimizer.param_groups for p in group["params"]
+        if p.grad is not None and not bool(finite_flag([p.grad]))
+    )  # fmt: skip
+    return f" ({bad} of the optimizer's parameters)" if bad else ""
 
 
 def params_finite(model: torch.nn.Module) -> bool:

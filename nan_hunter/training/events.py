@@ -1,4 +1,5 @@
-"""What the watcher hands back: events (data, not text) and the exception of ``"raise"``."""
+"""What the watcher and ``run``'s watch hand back: events (data, not text) and the exception of
+``"raise"``."""
 
 from __future__ import annotations
 
@@ -94,3 +95,19 @@ def summary_line(event: WatchEvent) -> str:
     if event.report_path:
         line += f"; report {event.report_path}"
     return line
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A training step of the script that tripped the check, and the re-run of it."""
+
+    step: int
+    """1-based index of the optimizer step (as trainers count them)."""
+    reason: Reason
+    detail: str
+    report: Report | None
+    """The scan of the step's model call; None when it could not be re-run (``why_not``)."""
+    model: str = ""
+    """The class of the model that was re-run."""
+    why_not: str = ""
+    scale: float | None = None
