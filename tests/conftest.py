@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 EXAMPLES = ROOT / "examples"
 GOLDEN = ROOT / "tests" / "golden"
+CLI_FROM_A_TERMINAL = [
+    sys.executable, "-c",
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "from nan_hunter.cli import main; main()",
+]  # fmt: skip
+"""The command line as a terminal starts it, Ctrl-C raising ``KeyboardInterrupt``, also when
+the suite itself was started with SIGINT ignored (``nohup ... &``: Python then leaves it
+ignored, and a test's SIGINT would never arrive)."""
 
 PRECISION_FIXES = [
     EXAMPLES / "matrix_inverse.py",

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from tests.conftest import ROOT, marker_line
+from tests.conftest import CLI_FROM_A_TERMINAL, ROOT, marker_line
 
 SCRIPTS = ROOT / "tests" / "run_scripts"
 PAIRS = SCRIPTS / "pairs_train.py"
@@ -238,7 +238,7 @@ def test_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> 
 def test_ctrl_c_ends_the_script_as_without_nan_hunter(tmp_path: Path) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
-    child = subprocess.Popen([*NH, "run", str(script)], stdout=subprocess.PIPE,
+    child = subprocess.Popen([*CLI_FROM_A_TERMINAL, "run", str(script)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert child.stdout is not None
     assert child.stdout.readline() == "ready\n"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from nan_hunter.isolation import IN_PROCESS_ENV
+from tests.conftest import CLI_FROM_A_TERMINAL
 from tests.hostile.cases import gone, model
 
 HANG = model(build="import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(600)")
@@ -22,7 +23,7 @@ def _start_hanging_scan(work: Path) -> tuple[subprocess.Popen[bytes], int]:
     (work / "model.py").write_text(HANG)
     env = {k: v for k, v in os.environ.items() if k != IN_PROCESS_ENV}
     cli = subprocess.Popen(
-        [sys.executable, "-c", "from nan_hunter.cli import main; main()", "scan", "model.py"],
+        [*CLI_FROM_A_TERMINAL, "scan", "model.py"],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 120
