@@ -80,16 +80,6 @@ def read_files(
     return {os.path.realpath(p): what for what, p in named if p is not None}
 
 
-def refuse_overwrite(output: Path | None, patch: Path | None, protected: dict[str, str]) -> None:
-    for target, what in ((output, "report"), (patch, "patch")):
-        real = os.path.realpath(target) if target is not None else None
-        if real is not None and real in protected:
-            raise NanHunterError(
-                f"refusing to write the {what} to {target}: it is {protected[real]}; "
-                "choose another file"
-            )
-
-
 def emit(text: str, output: Path | None, *, color: bool = False, quiet: bool = False) -> None:
     """The report on stdout, or into ``output`` with a note on stderr (none when ``quiet``)."""
     if output is not None:

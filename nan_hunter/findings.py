@@ -215,7 +215,15 @@ class TrainingSteps:
     steps_checked: int
     """Optimizer steps checked and found clean (before ``problem_step`` when there is one)."""
     problem_step: int | None = None
-    """The 1-based optimizer step the report re-ran; None: no problem step was found."""
+    """The 1-based optimizer step the report re-ran (with no torch optimizer, the backward's
+    count); None: no problem step was found."""
+    losses_checked: int = 0
+    """Backward passes whose loss was checked with no torch optimizer seen (weights updated by
+    hand): the loss only, not the gradients nor the update."""
+
+    @property
+    def nothing_checked(self) -> bool:
+        return not self.steps_checked and not self.losses_checked and self.problem_step is None
 
 
 @dataclass(frozen=True)
@@ -271,7 +279,12 @@ class Report:
 
     @property
     def status(self) -> str:
-        return "findings" if self.active else "clean"
+        """``findings``; ``clean``; ``not_checked``: a ``run`` that saw no step to check."""
+        if self.active:
+            return "findings"
+        if self.training is not None and self.training.nothing_checked:
+            return "not_checked"
+        return "clean"
 
     def exit_code(self, fail_on: str = "error") -> int:
         threshold = {Severity.ERROR} if fail_on == "error" else {Severity.ERROR, Severity.WARNING}

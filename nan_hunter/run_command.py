@@ -3,16 +3,26 @@
 process (``run_job``) and exit with its exit code.
 
 The script's process shares our terminal: its stdin, stdout and stderr are ours, and Ctrl-C
-reaches it directly (we ignore SIGINT while it runs, and die of the signal that ended it). When
-our stdout or stderr is not a real file (a test's ``CliRunner``), its output is copied into them.
+reaches it directly (we ignore SIGINT while it runs, and die of the signal that ended it). The
+signals a launcher sends to the process it started (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) are
+passed on to the script, and we exit as it exits. SIGINT is not passed on: Ctrl-C reaches the
+script by itself, and a second copy would interrupt its clean-up. When our stdout or
+stderr is not a real file (a test's ``CliRunner``), its output is copied into them.
+
+The exit code is 1 whenever the script's process reported a problem step (it says so in a
+status file before the report is written), whatever the script did after: ``os._exit(0)``, a
+swallowed stop, a signal; 2 when it refused to write a file and found no problem; else the
+script's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +31,10 @@ from typing import IO, Any
 import typer
 
 from nan_hunter.choices import DType, OutputFormat, Policy
+from nan_hunter.cli_options import EXIT_ERROR
 from nan_hunter.command_output import fail
 from nan_hunter.errors import NanHunterError
-from nan_hunter.run_job import _HOME, BOOT, ON_PROBLEM_CHOICES, RunJob
+from nan_hunter.run_job import _HOME, BOOT, EXIT_PROBLEM, ON_PROBLEM_CHOICES, RunJob
 from nan_hunter.terminal import ColorChoice
 
 
@@ -47,9 +58,9 @@ class RunRequest:
 
 def run_script(request: RunRequest) -> None:
     """Run the script; always ends in ``typer.Exit`` with the script's process's exit code."""
-    from nan_hunter.command_output import refuse_overwrite
-    from nan_hunter.config import load_settings
+    from nan_hunter.config import DEFAULT_CONFIG, load_settings
     from nan_hunter.discovery import discover, search_start
+    from nan_hunter.safe_write import refuse_overwrite
     from nan_hunter.terminal import report_width, wants_color
 
     args = list(request.args)
@@ -65,7 +76,9 @@ def run_script(request: RunRequest) -> None:
                 raise NanHunterError("run needs a script (nan-hunter run train.py [ARGS]...) "
                                      "or -m MODULE")
             script = args.pop(0)
-            if not Path(script).is_file():
+            if Path(script).is_dir() and not (Path(script) / "__main__.py").is_file():
+                raise NanHunterError(f"{script} is a folder without __main__.py: nothing to run")
+            if not Path(script).exists():
                 raise NanHunterError(f"no such script: {script}")
         project = discover(search_start([script] if script else []))
         settings = load_settings(
@@ -79,23 +92,57 @@ def run_script(request: RunRequest) -> None:
         )
         output = _absolute(None if str(request.output) == "-" else request.output)
         patch = _absolute(request.patch)
-        if script is not None:
-            refuse_overwrite(output, patch, {os.path.realpath(script): "the script"})
+        protected = _read_before(script, request.config, [
+            DEFAULT_CONFIG, *([project.path] if project is not None else [])
+        ])
+        refuse_overwrite(output, patch, protected)
     except NanHunterError as exc:
         raise fail(str(exc)) from None
     given = frozenset(
         name for name, value in (("dtype", request.dtype),) if value is not None
     )
-    job = RunJob(
-        script=script, module=request.module, argv=tuple(args), settings=settings,
-        on_problem=request.on_problem, max_steps=request.max_steps,
-        output_format=request.output_format.value,
-        output=str(output) if output else None, patch=str(patch) if patch else None,
-        quiet=request.quiet, color=wants_color(ColorChoice.auto, sys.stderr),
-        width=report_width(sys.stderr), precision_given=given,
-    )
-    command = [sys.executable, "-c", BOOT, str(Path(_HOME).parent), job.encode(), *args]
-    raise typer.Exit(_wait(command))
+    with tempfile.TemporaryDirectory(prefix="nan-hunter-run-") as folder:
+        status = os.path.join(folder, "status")
+        job = RunJob(
+            script=script, module=request.module, argv=tuple(args), settings=settings,
+            on_problem=request.on_problem, max_steps=request.max_steps,
+            output_format=request.output_format.value,
+            output=str(output) if output else None, patch=str(patch) if patch else None,
+            quiet=request.quiet, color=wants_color(ColorChoice.auto, sys.stderr),
+            width=report_width(sys.stderr), precision_given=given,
+            protected=tuple(protected.items()), status_file=status,
+        )
+        command = [sys.executable, "-c", BOOT, str(Path(_HOME).parent), job.encode(), *args]
+        code = _wait(command)
+        said = _read_status(status)
+    if "problem" in said and code != 128 + signal.SIGINT:  # Ctrl-C: die of it, as before
+        code = EXIT_PROBLEM
+    elif "refused" in said and code == 0:
+        code = EXIT_ERROR
+    raise typer.Exit(code)
+
+
+def _read_before(
+    script: str | None, config: Path | None, settings_files: list[Path]
+) -> dict[str, str]:
+    """Real path -> what it is, for the files ``run`` reads that are known before the script
+    starts; those the script imports or opens are added in its process (``ScriptFiles``)."""
+    named: list[tuple[str, Path | None]] = [
+        ("a settings file the run read", p) for p in settings_files
+    ]
+    if script is not None:
+        main = Path(script) / "__main__.py" if Path(script).is_dir() else Path(script)
+        named.append(("the script", main))
+    named.append(("the --config file", config))
+    return {os.path.realpath(p): what for what, p in named if p is not None}
+
+
+def _read_status(path: str) -> set[str]:
+    try:
+        with open(path, encoding="utf-8") as status:
+            return set(status.read().split())
+    except OSError:
+        return set()
 
 
 def _absolute(path: Path | None) -> Path | None:
@@ -115,7 +162,9 @@ def _wait(command: list[str]) -> int:
     pipe = subprocess.PIPE if relay else None
     child = subprocess.Popen(command, stdout=pipe, stderr=pipe)
     # ignored only now: an ignored SIGINT would be inherited, and the script could not get it
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for number in _FORWARDED:
+        previous[number] = signal.signal(number, _forward_to(child))
     try:
         if relay:
             assert child.stdout is not None and child.stderr is not None
@@ -129,7 +178,8 @@ def _wait(command: list[str]) -> int:
                 copy.join()
         code = child.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     if code < 0:
         if not relay and -code == signal.SIGINT:  # die of it too, as the shell expects
             sys.stdout.flush()
@@ -137,6 +187,25 @@ def _wait(command: list[str]) -> int:
             os.kill(os.getpid(), signal.SIGINT)
         return 128 - code
     return code
+
+
+_FORWARDED = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, name)
+)
+"""What a launcher (a container's PID 1, a scheduler, torchrun) sends the process it started
+to stop it or to ask for a checkpoint: the script must get it, not only nan-hunter."""
+
+
+def _forward_to(child: subprocess.Popen[bytes]) -> Any:
+    """A handler passing the signal on to ``child`` while it runs."""
+
+    def forward(number: int, _frame: Any) -> None:
+        if child.poll() is None:
+            with contextlib.suppress(OSError):
+                child.send_signal(number)
+
+    return forward
 
 
 def _copy(source: IO[bytes], target: Any) -> None:

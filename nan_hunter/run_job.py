@@ -57,6 +57,13 @@ class RunJob:
     color: bool = False
     width: int = 100
     precision_given: frozenset[str] = field(default_factory=frozenset)
+    protected: tuple[tuple[str, str], ...] = ()
+    """Real path -> what it is, of the files the command line knows ``run`` reads (the script,
+    the settings files): never written over (``safe_write.refuse_overwrite``)."""
+    status_file: str | None = None
+    """Where the script's process tells the command line what it reported (``problem``,
+    ``refused``), so that the exit code holds whatever the script's exit path
+    (``os._exit``, a signal, a thread)."""
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)).decode()
@@ -99,7 +106,9 @@ def run(job: RunJob, args: list[str]) -> int:
     if job.script is not None:
         script = os.path.abspath(job.script)
         sys.argv = [job.script, *args]
-        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+        # a folder with __main__.py runs as `python folder` runs it: the folder first on the path
+        folder = script if os.path.isdir(script) else os.path.dirname(os.path.realpath(script))
+        sys.path.insert(0, folder)
     else:
         sys.argv = ["-m", *args]  # runpy puts the module's file in argv[0]
         sys.path.insert(0, os.getcwd())
@@ -109,8 +118,10 @@ def run(job: RunJob, args: list[str]) -> int:
         precision_given=job.precision_given, on_warning=state.on_warning,
     )
     state.watch = watch
+    os.register_at_fork(after_in_child=state.forked)
     code: int
     interrupted: KeyboardInterrupt | None = None
+    state.files.install()
     try:
         with watch:
             if job.script is not None:
@@ -130,6 +141,8 @@ def run(job: RunJob, args: list[str]) -> int:
     except BaseException as exc:  # the script's own exception: shown as Python shows it
         _show(exc)
         code = 1
+    if state.child:  # a process the script forked: only the one that started the run reports
+        return code
     if interrupted is not None:
         _show(interrupted)
     if watch.failure is not None:  # a bug of ours, whatever the script made of it
@@ -137,6 +150,7 @@ def run(job: RunJob, args: list[str]) -> int:
         code = EXIT_INTERNAL
     state.summary(code)
     state.clean_files(code)
+    state.files.close()
     if interrupted is not None:  # die of SIGINT, as Python does after a KeyboardInterrupt
         sys.stdout.flush()
         sys.stderr.flush()
@@ -200,11 +214,37 @@ class _State:
     """The run's text on stderr and the files asked for."""
 
     def __init__(self, job: RunJob) -> None:
+        from nan_hunter.training.script_files import ScriptFiles
+
         self.job = job
         self.watch: ScriptWatch | None = None
         self.ended_by = ""
         self.first: RunEvent | None = None
         self.started = time.perf_counter()
+        self.files = ScriptFiles([p for p in (job.output, job.patch) if p is not None])
+        self.written: list[tuple[str, str]] = []
+        """(path, what) of the files written: checked at the end for the script's writes."""
+        self.child = False
+
+    def forked(self) -> None:
+        """In a process the script forked: the watch detached, nothing reported from it."""
+        self.child = True
+        self.files.close()
+        if self.watch is not None:
+            self.watch.close()
+
+    def tell(self, what: str) -> None:
+        """One word to the command line's process (``RunJob.status_file``)."""
+        if self.job.status_file is None or self.child:
+            return
+        try:
+            fd = os.open(self.job.status_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, f"{what}\n".encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
 
     def say(self, line: str) -> None:
         """One line on stderr; what the script named (its file, its model's class and modules)
@@ -223,6 +263,9 @@ class _State:
         from nan_hunter.training.events import TrainingProblem, WatchEvent
 
         job = self.job
+        if self.child:
+            return
+        self.tell("problem")  # before anything the script could cut short
         if self.first is None:
             self.first = event
         where = self._write(event)
@@ -230,9 +273,8 @@ class _State:
         if job.patch is not None and event.report is not None:
             self._write_patch(event.report)
         if job.on_problem == "stop":
-            from nan_hunter.training.attach import StopRun
-
-            raise StopRun(EXIT_PROBLEM)
+            assert self.watch is not None
+            self.watch.stop(EXIT_PROBLEM)
         if job.on_problem == "raise":
             raise TrainingProblem(WatchEvent(
                 step=event.step, reason=event.reason, report=event.report,
@@ -249,8 +291,9 @@ class _State:
         if report is None:
             return ""
         where = "on stderr"
-        if job.output is not None:
-            self._file(job.output, render(report, job.output_format))
+        if job.output is not None and self._file(
+            job.output, render(report, job.output_format), "report"
+        ):
             where = job.output
         fmt = "text" if job.output is not None else job.output_format
         text = render(report, fmt, color=job.color and fmt == "text", width=job.width)
@@ -270,17 +313,41 @@ class _State:
             self.say("no patch to write: no finding has a fix to apply")
             return
         root = shared_root([Path(report.target.file), *(Path(e.file) for e in selection.edits)])
-        self._file(self.job.patch, render_patch(selection.edits, root))
-        self.say(f"patch written to {self.job.patch}")
+        if self._file(self.job.patch, render_patch(selection.edits, root), "patch"):
+            self.say(f"patch written to {self.job.patch}")
 
-    def _file(self, path: str, text: str) -> None:
+    def _file(self, path: str, text: str, what: str) -> bool:
+        """Write ``text`` (the ``what``: report or patch) into ``path`` unless the script
+        imported, read or wrote that file (``ScriptFiles``), or it is one the command line
+        protects: then one error line, the exit code 2 when nothing else is 1."""
         from nan_hunter.errors import NanHunterError
-        from nan_hunter.safe_write import write_file
+        from nan_hunter.safe_write import refuse_overwrite, write_file
 
         try:
-            write_file(Path(path), text)
+            protected = dict(self.job.protected)
+            done = self.files.what_the_script_did(path)
+            if done is not None:
+                protected[os.path.realpath(path)] = done
+            refuse_overwrite(*((path, None) if what == "report" else (None, path)), protected)
+            self.files.writing(path, True)
+            try:
+                write_file(Path(path), text)
+            finally:
+                self.files.writing(path, False)
         except NanHunterError as exc:
-            self.say(f"error: {exc}")
+            self.say(f"error: {exc}" + ("; the report is on stderr" if what == "report" else ""))
+            self.tell("refused")
+            return False
+        self.written.append((path, what))
+        return True
+
+    def check_written(self) -> None:
+        """Say it when the script wrote over a file of ours after we wrote it."""
+        for path, what in self.written:
+            if self.files.overwritten_since(path):
+                self.say(f"warning: the script wrote over the {what} at {path} after "
+                         "nan-hunter wrote it; the file no longer holds it")
+                self.tell("refused")
 
     def failed(self, failure: WatchFailed) -> None:
         self.ended_by = "internal error"
@@ -305,11 +372,18 @@ class _State:
             return (f"{steps} optimizer step{'s' * (steps != 1)} checked before nan-hunter "
                     "failed; later steps were not checked")
         if not watch.optimizers_seen and not steps:
-            return (
-                "no optimizer step was seen: nothing was checked (the script never called "
-                "optimizer.step() on a torch optimizer)"
+            if not watch.losses_checked:
+                return (
+                    "no optimizer step and no backward were seen: nothing was checked (the "
+                    "script never called optimizer.step() on a torch optimizer nor backward())"
+                )
+            n = watch.losses_checked
+            line = (
+                f"no torch optimizer was seen: the loss of {n} backward pass{'es' * (n != 1)} "
+                "checked, the gradients and the weight updates were not watched"
             )
-        line = f"{steps} optimizer step{'s' * (steps != 1)} checked"
+        else:
+            line = f"{steps} optimizer step{'s' * (steps != 1)} checked"
         if watch.problems:
             first = self.first
             at = f" (the first at step {first.step})" if first is not None else ""
@@ -332,15 +406,16 @@ class _State:
 
         watch, job = self.watch, self.job
         if watch is None or watch.problems or os.environ.get("RANK", "0") != "0":
+            self.check_written()
             return
         if watch.failure is not None:  # not clean: what came after the failure was not checked
             if job.output is not None and not job.quiet:
                 self.say(f"no report written to {job.output}: the run was not checked to its end")
             return
-        if job.output is not None:
-            self._file(job.output, render(self.clean_report(code), job.output_format))
-            if not job.quiet:
-                self.say(f"report written to {job.output}")
+        if job.output is not None and self._file(
+            job.output, render(self.clean_report(code), job.output_format), "report"
+        ) and not job.quiet:
+            self.say(f"report written to {job.output}")
         if job.patch is not None and not job.quiet:
             self.say("no patch to write: no finding has a fix to apply")
 
@@ -358,14 +433,16 @@ class _State:
         )
         return Report(
             target=target, findings=(), ops=0, backward_nodes=0, propagated=0,
-            seconds=time.perf_counter() - self.started, training=TrainingSteps(watch.steps),
+            seconds=time.perf_counter() - self.started,
+            training=TrainingSteps(watch.steps, losses_checked=watch.losses_only),
         )
 
 
 def _script_file(job: RunJob) -> str:
     """The script's file (with ``-m``, the module's, when it can be found)."""
     if job.script is not None:
-        return os.path.abspath(job.script)
+        script = os.path.abspath(job.script)
+        return os.path.join(script, "__main__.py") if os.path.isdir(script) else script
     import importlib.util
 
     assert job.module is not None

@@ -17,6 +17,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
@@ -27,6 +28,28 @@ MAX_BACKUPS = 1000
 
 class WriteError(NanHunterError):
     """A file could not be written; the target is unchanged."""
+
+
+def refuse_overwrite(
+    output: Path | str | None, patch: Path | str | None, protected: Mapping[str, str]
+) -> None:
+    """The one rule of what ``scan`` and ``run`` may write their report (``output``) and patch
+    to: never a file the command reads or the model's code imported or wrote (``protected``:
+    real path -> what it is, e.g. "the script"), and never one file for both. Raises a
+    ``NanHunterError`` naming the file and what it is."""
+    targets = [(output, "report"), (patch, "patch")]
+    reals = [os.path.realpath(t) if t is not None else None for t, _ in targets]
+    if reals[0] is not None and reals[0] == reals[1]:
+        raise NanHunterError(
+            f"refusing to write the report and the patch to one file ({output}): "
+            "choose two files"
+        )
+    for (target, what), real in zip(targets, reals, strict=True):
+        if real is not None and real in protected:
+            raise NanHunterError(
+                f"refusing to write the {what} to {target}: it is {protected[real]}; "
+                "choose another file"
+            )
 
 
 def write_file(path: Path, data: str | bytes, *, encoding: str = "utf-8") -> None:

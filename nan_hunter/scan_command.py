@@ -13,13 +13,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from nan_hunter.command_output import (
-    error_line,
-    fail,
-    read_files,
-    refuse_overwrite,
-)
+from nan_hunter.command_output import error_line, fail, read_files
 from nan_hunter.errors import NanHunterError
+from nan_hunter.safe_write import refuse_overwrite
 from nan_hunter.scan_job import ScanJob, scan_job
 from nan_hunter.scan_output import Output, show_reports
 from nan_hunter.untrusted import echoed, shown_lines

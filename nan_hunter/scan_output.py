@@ -12,8 +12,9 @@ import typer
 
 from nan_hunter.choices import OutputFormat
 from nan_hunter.cli_options import EXIT_CLEAN, EXIT_ERROR
-from nan_hunter.command_output import absolute, emit, fail, refuse_overwrite, rendered, write
+from nan_hunter.command_output import absolute, emit, fail, rendered, write
 from nan_hunter.errors import NanHunterError
+from nan_hunter.safe_write import refuse_overwrite
 from nan_hunter.terminal import ColorChoice
 
 if TYPE_CHECKING:

@@ -60,7 +60,7 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
         "training step 12: the loss is nan; 11 optimizer steps checked before it; re-run from "
         "the step's own inputs and weights"
     ]
-    assert data["training"] == {"steps_checked": 11, "problem_step": 12}
+    assert data["training"] == {"steps_checked": 11, "problem_step": 12, "losses_checked": 0}
     first = data["findings"][0]
     assert (first["code"], first["op"], first["module"]) == ("NH102", "Tensor.__matmul__", "pairs")
     assert first["location"]["line"] == CULPRIT
@@ -114,7 +114,7 @@ def test_a_clean_max_steps_run_writes_a_json_report_with_the_steps_checked(
     data = json.loads(report.read_text())
     jsonschema.validate(data, json.loads(SCHEMA.read_text()))
     assert (data["status"], data["findings"], data["summary"]["errors"]) == ("clean", [], 0)
-    assert data["training"] == {"steps_checked": 5, "problem_step": None}
+    assert data["training"] == {"steps_checked": 5, "problem_step": None, "losses_checked": 0}
     assert data["target"]["file"] == PAIRS_REL
     assert data["target"]["notes"][0] == (
         "5 optimizer steps checked, no problem; --max-steps 5 reached"
@@ -129,7 +129,8 @@ def test_a_clean_script_end_writes_a_sarif_report_without_results(tmp_path: Path
     assert code == 3, err
     run = json.loads(report.read_text())["runs"][0]
     assert run["results"] == []
-    assert run["properties"]["training"] == {"steps_checked": 3, "problem_step": None}
+    assert run["properties"]["training"] == {"steps_checked": 3, "problem_step": None,
+                                                   "losses_checked": 0}
 
 
 def test_script_exit_code_and_argv_pass_through_when_nothing_is_found() -> None:

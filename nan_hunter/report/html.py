@@ -49,7 +49,8 @@ color:#1d2430;background:#fff}
 h1{font-size:20px;margin:8px 0}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde}
 code,pre{font:12.5px/1.4 ui-monospace,Menlo,Consolas,monospace}
 pre{background:#f5f6f8;padding:8px 10px;overflow-x:auto;border-radius:4px}
-.status-clean{color:#176b2c}.status-findings{color:#b3261e}.status-warnings{color:#8a5a00}
+.status-clean{color:#176b2c}.status-findings{color:#b3261e}
+.status-warnings,.status-not_checked{color:#8a5a00}
 .finding{border-left:4px solid #b3261e;padding:4px 12px;margin:14px 0;background:#fffafa}
 .finding.warning{border-color:#c98a00;background:#fffdf5}
 .finding.info{border-color:#3b6fb6;background:#f7faff}
@@ -115,6 +116,8 @@ def _report_body(report: Report, key: str = "") -> str:
     """One report's sections; ``key`` prefixes their ids (several reports in one document)."""
     t = report.target
     status = "clean" if not report.active else ("findings" if report.errors else "warnings")
+    if report.status == "not_checked":
+        status = "not_checked"
     scaling = f", {t.loss_scaling.render()}" if t.loss_scaling else ""
     head = (
         f"<header><h1>nan-hunter: <code>{_t(display_path(t.file))}</code></h1>"

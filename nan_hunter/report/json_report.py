@@ -132,7 +132,8 @@ def _training(report: Report) -> dict[str, Any]:
     run = report.training
     if run is None:
         return {}
-    return {"training": {"steps_checked": run.steps_checked, "problem_step": run.problem_step}}
+    return {"training": {"steps_checked": run.steps_checked, "problem_step": run.problem_step,
+                         "losses_checked": run.losses_checked}}
 
 
 def _loss_scale(report: Report) -> dict[str, Any] | None:

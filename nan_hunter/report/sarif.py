@@ -63,7 +63,8 @@ def sarif_dict_many(reports: Sequence[Report], failed: Sequence[Failed] = ()) ->
     training = [r.training for r in reports if r.training is not None]
     if training:  # nan-hunter run: the steps checked, also when there is no result
         run["properties"] = {"training": {"steps_checked": training[0].steps_checked,
-                                          "problem_step": training[0].problem_step}}
+                                          "problem_step": training[0].problem_step,
+                                          "losses_checked": training[0].losses_checked}}
     if failed:  # a partial run must not read as a complete one
         run["invocations"] = [
             {"executionSuccessful": False,

@@ -296,6 +296,8 @@ def _summary(report: Report) -> str:
     status = "[bold green]clean[/]" if not report.active else "[bold red]findings[/]"
     if report.active and not report.errors:
         status = "[bold yellow]warnings only[/]"
+    if report.status == "not_checked":
+        status = "[bold yellow]not checked[/]"
     suppressed = f", {len(report.suppressed)} suppressed" if report.suppressed else ""
     return (
         f"{status}: {report.ops} ops traced, {report.backward_nodes} backward nodes, "

@@ -13,6 +13,10 @@ training loop only through torch's public global hooks and two methods of ``Grad
   ``from torch.autograd import backward`` in the script (which runs after the replacement),
   ``accelerator.backward(loss)``, ``scaler.scale(loss).backward()``. A backward started inside
   another one (reentrant checkpointing) is not a loss.
+- after each backward, while no torch optimizer has been seen (a script that updates its
+  weights by hand, or the first micro-batches of gradient accumulation): its loss is checked
+  there (one host sync per backward); a non-finite one is a problem step numbered by the
+  backward's count. Once a torch optimizer steps, the loss waits for the optimizer's check.
 - ``register_optimizer_step_pre_hook``: without a GradScaler, the step boundary: the loss and
   the gradients about to be applied are checked there (one host sync); with one, only the loss
   (GradScaler already checked the gradients).
@@ -78,7 +82,9 @@ MAX_CALLS = 64
 class StopRun(SystemExit):
     """Ends the script from inside a hook (``--on-problem stop``, ``--max-steps``): a
     ``SystemExit``, so the script's ``except Exception`` does not swallow it and its
-    ``finally`` blocks run."""
+    ``finally`` blocks run. A script that swallows it all the same (a bare ``except:``) gets
+    it again at its next backward and optimizer step (``ScriptWatch.stop``), and no update
+    is applied after it."""
 
 
 class ScriptWatch:
@@ -114,6 +120,12 @@ class ScriptWatch:
         """Steps that tripped the check."""
         self.backwards = 0
         """Backward passes seen starting from a loss (one-element tensors)."""
+        self.losses_checked = 0
+        """Backward passes whose loss was checked after the backward, no torch optimizer
+        having been seen (a script that updates its weights by hand)."""
+        self._reported_at_backward = False
+        self.stopping: int | None = None
+        """The exit code of a ``StopRun`` raised: the stop holds until the script ends."""
         self.events: list[RunEvent] = []
         self.optimizers_seen = 0
         self._optimizers: set[int] = set()
@@ -212,10 +224,24 @@ class ScriptWatch:
             self._calls.append(call)
             del self._calls[:-MAX_CALLS]
 
+    @property
+    def losses_only(self) -> int:
+        """The losses checked after their backward in a run that never stepped a torch
+        optimizer (0 once one stepped: its steps are what was checked)."""
+        return 0 if self.optimizers_seen else self.losses_checked
+
+    def stop(self, code: int) -> None:
+        """End the script with ``StopRun(code)``, now and at every later backward and optimizer
+        step the script reaches after swallowing it."""
+        self.stopping = code
+        raise StopRun(code)
+
     @script_entry("the backward replacement")
     def saw_backward(self, tensors: Any) -> None:
         """A backward starts from ``tensors`` (a tensor or a sequence, as
         ``torch.autograd.backward`` takes them): the one-element ones are losses."""
+        if self.stopping is not None:
+            raise StopRun(self.stopping)
         if self._busy:
             return
         if isinstance(tensors, torch.Tensor):
@@ -227,6 +253,27 @@ class ScriptWatch:
             self.backwards += 1
             self._losses += losses
             del self._losses[:-MAX_CALLS]
+
+    @script_entry("the backward replacement")
+    def backward_done(self) -> None:
+        """A backward from a loss has run. While no torch optimizer has been seen, its loss is
+        checked here: a script that updates its weights by hand has no other step boundary."""
+        if self._busy or self.optimizers_seen or not self._losses:
+            return
+        flags = self._loss_flags()
+        finite = bool(torch.stack([f.to(flags[0].device) for f in flags]).all())
+        bad = None if finite else self._first_bad_loss()
+        self._losses = []
+        self.losses_checked += 1
+        if bad is None:
+            return
+        problem = step_verdict(
+            loss=bad, loss_ok=False, grads_ok=True, scaled=False, scale_problem=None,
+            bad_grads=lambda: "",
+        )
+        assert problem is not None
+        self._reported_at_backward = True  # an optimizer step after it skips, not re-reports
+        self._problem(problem, None, None, step=self.backwards)
 
     # ------------------------------------------------------------------ step boundaries
 
@@ -240,6 +287,8 @@ class ScriptWatch:
     def _before_update(
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if self.stopping is not None:  # the script swallowed the stop: no update after it
+            raise StopRun(self.stopping)
         if self._busy:
             return None
         if id(optimizer) not in self._optimizers:
@@ -279,6 +328,9 @@ class ScriptWatch:
         if problem is not None:
             self._losses = []  # checked: the GradScaler's update does not count them again
             self._set_grads_aside(optimizer)  # this update is skipped (restored after it)
+        if self._reported_at_backward:  # this step's loss was reported after its backward
+            self._reported_at_backward = False
+            return
         if scaler is not None and self._current_ranks() is not None:
             # under torchrun the ranks agree in scaler.update(), which every rank reaches
             self._pending = (problem, optimizer, scale) if problem is not None else None
@@ -416,14 +468,17 @@ class ScriptWatch:
             p.grad = grad
 
     def _problem(
-        self, problem: Problem, optimizer: Any, scale: float | None, rerun: bool = True
+        self, problem: Problem, optimizer: Any, scale: float | None, rerun: bool = True,
+        step: int | None = None,
     ) -> None:
+        """``step``: the problem step's number when it is not the next optimizer step (a
+        backward without an optimizer: that backward's count)."""
         self.problems += 1
         call = self._pick_call(optimizer)
         gathered = self._gather_sharded(call)  # on every rank, or on none
         if len(self.events) >= self.max_reports:
             return
-        step = self.steps + 1
+        step = self.steps + 1 if step is None else step
         report, why_not, model = None, "", ""
         if not rerun:
             why_not = "another rank re-runs its step"
@@ -442,13 +497,18 @@ class ScriptWatch:
                     call, replay, self.settings, scale=scale,
                     precision_given=self.precision_given,
                 )
-                checked = f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
+                checked = (
+                    f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
+                    if self.optimizers_seen else
+                    f"no torch optimizer seen, the loss of {self.losses_checked - 1} backward "
+                    f"pass{'es' * (self.losses_checked != 2)}"
+                )
                 note = (f"training step {step}: {problem.detail}; {checked} checked before it; "
                         "re-run from the step's own inputs and weights")
                 report = dataclasses.replace(
                     report,
                     target=dataclasses.replace(report.target, notes=(*report.target.notes, note)),
-                    training=TrainingSteps(self.steps, step),
+                    training=TrainingSteps(self.steps, step, self.losses_only),
                 )
             except NanHunterError as exc:
                 why_not = f"the re-run failed: {first_line(exc)}"

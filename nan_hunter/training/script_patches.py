@@ -29,6 +29,7 @@ class Reported(Protocol):
     """What a replacement reports to (``ScriptWatch``)."""
 
     def saw_backward(self, tensors: Any) -> None: ...
+    def backward_done(self) -> None: ...
     def scaler_step(self, scaler: Any, optimizer: Any) -> None: ...
     def scaler_step_done(self) -> None: ...
     def scaler_updated(self, scaler: Any) -> None: ...
@@ -54,9 +55,13 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
         active = _active
-        if active is not None and torch._C._current_graph_task_id() == -1:
+        outermost = active is not None and torch._C._current_graph_task_id() == -1
+        if outermost:
             active.saw_backward(args[0] if args else kwargs.get("tensors"))
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        if outermost and active is not None and _active is active:
+            active.backward_done()
+        return result
 
     return backward
 
