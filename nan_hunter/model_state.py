@@ -5,6 +5,9 @@ FP16)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from nan_hunter.blame import user_errors
@@ -162,3 +165,36 @@ def to_dtype(
         for t in [*model.parameters(), *model.buffers()]:
             if t.is_floating_point() and (only is None or t.dtype in only):
                 t.data = t.data.to(dtype)
+
+
+@contextlib.contextmanager
+def without_inference_tensors(model: torch.nn.Module) -> Iterator[None]:
+    """A model built or loaded inside ``torch.inference_mode()`` holds inference tensors, which
+    have no version counter and can be neither written to in place nor saved for a backward
+    outside that mode: for the scan, each such parameter and buffer is replaced in its module by
+    a normal copy (same values, ``requires_grad``, one copy per tensor shared between modules),
+    and the original objects, untouched, are put back after."""
+    swapped: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
+    copies: dict[int, torch.Tensor] = {}
+    try:
+        with torch.inference_mode(False):
+            for m in model.modules():
+                for slots in (m._parameters, m._buffers):
+                    for name, t in list(slots.items()):
+                        if t is None or not t.is_inference():
+                            continue
+                        if id(t) not in copies:
+                            copies[id(t)] = _normal_copy(t)
+                        swapped.append((slots, name, t))
+                        slots[name] = copies[id(t)]
+        yield
+    finally:
+        for slots, name, t in reversed(swapped):
+            slots[name] = t
+
+
+def _normal_copy(t: torch.Tensor) -> torch.Tensor:
+    copy = t.detach().clone()
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(copy, requires_grad=t.requires_grad)
+    return copy
