@@ -628,6 +628,11 @@ CASES: list[Case] = [
          "batch file not found", files={"model.py": model(
              build="import warnings\nwarnings.warn('a torch-like UserWarning')")},
          child=True, alone=False, check=_first_line_is_error),
+    Case("torch-load-warnings-are-not-the-models-output", (*SCAN, "--batch-file", "b.pt"), 2,
+         r"cannot load batch file .*b\.pt safely \(weights_only=True\): Invalid magic number",
+         files={"model.py": model(extra="\n\ndef loss_fn(output, batch):\n    return 1.0\n"),
+                "b.pt": b"\x80\x04K\x03."},  # pickle protocol 4: torch warns, then fails
+         child=True),
     Case("unprintable-exception-in-forward", SCAN, 2, r"its __str__ raises",
          files={"model.py": model(forward="raise Bad()", top="class Bad(Exception):\n"
                                   "    def __str__(self):\n        raise RuntimeError('no')\n")},
