@@ -31,3 +31,21 @@ class Batch:
             args=tree_map(leaf, self.args), kwargs=tree_map(leaf, self.kwargs),
             raw=tree_map(leaf, self.raw),
         )
+
+    def without_inference_tensors(self) -> Batch:
+        """This batch, with a normal copy of each tensor made inside ``torch.inference_mode()``
+        (one copy per tensor, shared where the batch shares it): outside that mode an inference
+        tensor refuses an in-place write and being saved for the backward. The batch itself
+        when it holds none."""
+        copies: dict[int, torch.Tensor] = {}
+
+        def normal(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_inference():
+                return t
+            if id(t) not in copies:
+                with torch.inference_mode(False):
+                    copies[id(t)] = t.clone()
+            return copies[id(t)]
+
+        mapped = self.map(normal)
+        return mapped if copies else self

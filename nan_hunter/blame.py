@@ -12,7 +12,9 @@ the innermost frame of the user's code.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import sysconfig
 import traceback
 from collections.abc import Iterator
@@ -20,10 +22,12 @@ from pathlib import Path
 
 from nan_hunter.errors import (
     OURS_AS_THEY_ARE,
+    InternalError,
     UserCodeError,
     first_line,
     ours_lost_since,
     ours_raised_within,
+    unwrap,
 )
 from nan_hunter.trace.call_sites import frame_origin
 from nan_hunter.trace.modules import ModuleTracker
@@ -39,8 +43,12 @@ def user_errors(modules: ModuleTracker | None, phase: str) -> Iterator[None]:
     mark = ours_raised_within()
     try:
         yield
-    except OURS_AS_THEY_ARE:
+    except OURS_AS_THEY_ARE as exc:
         ours_lost_since(mark)
+        # the model's recursion, run out of stack in a hook or an op of ours
+        recursion = _models_recursion(exc, phase) if isinstance(exc, InternalError) else None
+        if recursion is not None:
+            raise recursion from exc
         raise
     except BaseException as exc:
         lost = ours_lost_since(mark)
@@ -48,6 +56,9 @@ def user_errors(modules: ModuleTracker | None, phase: str) -> Iterator[None]:
             # the model caught ours, then failed on the path it took instead: ours keeps its
             # cause, the model's error becomes its context
             raise lost  # noqa: B904
+        recursion = _models_recursion(exc, phase)
+        if recursion is not None:
+            raise recursion from exc
         frame = _last_user_frame(exc)
         where = context = ""
         if modules is not None:
@@ -74,6 +85,32 @@ def _in_stdlib(filename: str) -> bool:
     return resolved.startswith(_STDLIB) and not {"site-packages", "dist-packages"} & set(
         resolved[len(_STDLIB) :].split("/")
     )
+
+
+def _models_recursion(exc: BaseException, phase: str) -> UserCodeError | None:
+    """For a ``RecursionError`` (ours, ``InternalError``, when the stack ran out in our code):
+    the model's error naming the line that recursed, when the frame repeated most on the stack
+    is the model's (a call of itself) or torch's (modules nested deeper than the stack allows);
+    None for any other exception, and for a recursion of our own (a bug of ours)."""
+    original = unwrap(exc)
+    if not isinstance(original, RecursionError):
+        return None
+    frames = [*traceback.walk_tb(exc.__traceback__)]
+    if original is not exc:
+        frames += traceback.walk_tb(original.__traceback__)
+    counts = collections.Counter((f.f_code.co_filename, line) for f, line in frames)
+    origin = functools.lru_cache(maxsize=None)(frame_origin)
+    if not counts or origin(counts.most_common(1)[0][0][0]) == "own":
+        return None
+    user = [(n, line) for n, line in counts if origin(n) == "user" and not _in_stdlib(n)]
+    if user:
+        name, line = max(user, key=lambda site: counts[site])  # the first of the most repeated
+    subject = f"the model's {phase}" if phase in _CALLS else f"the model, during {phase},"
+    where = f" at {name}:{line}" if user else ""
+    return UserCodeError(f"{subject} recursed too deep (RecursionError){where}")
+
+
+_CALLS = frozenset({"forward", "loss_fn", "backward"})
 
 
 def _last_user_frame(exc: BaseException) -> str | None:

@@ -26,6 +26,7 @@ from nan_hunter.findings import (
 from nan_hunter.fixes.build import build_fix, edit_site, with_kept_module
 from nan_hunter.headroom import build_range_map
 from nan_hunter.loader import Target
+from nan_hunter.model_state import without_inference_tensors
 from nan_hunter.options import explicitly_set
 from nan_hunter.pass_state import fewer_collections
 from nan_hunter.precision.context import PrecisionPlan
@@ -50,7 +51,8 @@ def scan_target(target: Target, settings: Settings) -> Report:
     # copies); glibc's defaults come back after.
     # Gradients are on for the passes, whatever the caller's mode (a scan called inside
     # torch.no_grad() or torch.inference_mode(), a model file that turns them off at import):
-    # the backward is half of what a scan checks.
+    # the backward is half of what a scan checks. A model or batch made inside
+    # torch.inference_mode() is scanned through normal copies of its inference tensors.
     with (
         fewer_collections(),
         large_blocks_from_heap(),
@@ -58,7 +60,11 @@ def scan_target(target: Target, settings: Settings) -> Report:
         torch.autograd.set_detect_anomaly(False),
         torch.inference_mode(False),
         torch.enable_grad(),
+        without_inference_tensors(target.model),
     ):
+        batch = target.batch.without_inference_tensors()
+        if batch is not target.batch:
+            target = dataclasses.replace(target, batch=batch)
         return _scan_target(target, settings)
 
 

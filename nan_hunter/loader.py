@@ -20,6 +20,7 @@ import importlib.util
 import keyword
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -458,15 +459,27 @@ def load_tensors(path: Path, *, what: str) -> Any:
         except ImportError as exc:
             raise LoadError(f"{path} is a .safetensors file; pip install safetensors") from exc
         try:
-            return load_file(str(path))
+            with _no_warnings():
+                return load_file(str(path))
         except Exception as exc:
             raise LoadError(f"cannot read {what} file {path}: {exc}") from exc
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with _no_warnings():
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise LoadError(
             f"cannot load {what} file {path} safely (weights_only=True): {first_line(exc)}"
         ) from exc
+
+
+@contextmanager
+def _no_warnings() -> Iterator[None]:
+    """Around a load of ours: torch's warnings about the file ("Detected pickle protocol 4",
+    on garbage bytes too) are neither the model's output nor news to the user; the load
+    either works or fails with one error line that says why."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _wrapper_prefix(state: Mapping[str, Any]) -> str | None:

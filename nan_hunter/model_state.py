@@ -5,9 +5,13 @@ FP16)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
-from nan_hunter.errors import UserCodeError
+from nan_hunter.blame import user_errors
+from nan_hunter.errors import InternalError, NanHunterError, UserCodeError
 
 
 class ModelState:
@@ -36,7 +40,11 @@ class ModelState:
         ]
         self._storages = {_storage(p): p for p in model.parameters()}
         self._saved: dict[int, torch.Tensor] = {}
-        self._grads = [(p, p.grad) for p in model.parameters()]
+        # ``model.half()`` (``_apply``) converts each ``.grad`` in place too (``grad.data``):
+        # its FP32 data is kept, or ``p.grad = grad`` would refuse the half one on restore.
+        self._grads = [
+            (p, p.grad, None if p.grad is None else p.grad.data) for p in model.parameters()
+        ]
         self._requires_grad = [(p, p.requires_grad) for p in model.parameters()]
         self._training = [(m, m.training) for m in model.modules()]
 
@@ -49,16 +57,52 @@ class ModelState:
                 self._saved[key] = param.detach().clone()
 
     def restore(self) -> None:
+        """Put everything back; each part is restored even when another fails (the first
+        failure is raised after all of them ran)."""
+        failures: list[Exception] = []
+        unrestorable: list[torch.Tensor] = []
+        for step in (
+            self._restore_slots,
+            self._restore_buffers,
+            lambda: unrestorable.extend(self._restore_params()),
+            self._restore_grads,
+            self._restore_requires_grad,
+            self._restore_training,
+        ):
+            try:
+                step()
+            except Exception as exc:  # the other parts are restored all the same
+                failures.append(exc)
+        if failures:
+            first = failures[0]
+            if isinstance(first, NanHunterError):  # the model's train() override raised
+                raise first
+            raise InternalError(first) from first
+        if unrestorable:
+            names = {id(p): n for n, p in self._model.named_parameters()}
+            raise UserCodeError(
+                "the model wrote to its parameters in place, out of nan-hunter's sight "
+                f"({', '.join(names.get(id(p), '?') for p in unrestorable)}); they cannot be "
+                "restored"
+            )
+
+    def _restore_slots(self) -> None:
+        for slots, name, tensor in self._slots:
+            if slots.get(name) is not tensor:
+                slots[name] = tensor
+
+    def _restore_buffers(self) -> None:
         with torch.no_grad():
-            for slots, name, tensor in self._slots:
-                if slots.get(name) is not tensor:
-                    slots[name] = tensor
             for live, data, version, saved in self._buffers:
                 if live.data is not data:  # converted for a half-precision pass
                     live.data = data
                 if live._version != version or data._version != version:
                     data.copy_(saved)
-            unrestorable = []
+
+    def _restore_params(self) -> list[torch.Tensor]:
+        """Puts each parameter's data back; those written to out of sight, not restorable."""
+        unrestorable = []
+        with torch.no_grad():
             for (p, data, version), data_version in zip(
                 self._params, self._data_versions, strict=True
             ):
@@ -71,20 +115,31 @@ class ModelState:
                     data.copy_(copy)
                 elif (data._version != data_version) if swapped else (p._version != version):
                     unrestorable.append(p)
-        for p, grad in self._grads:
-            p.grad = grad
+        return unrestorable
+
+    def _restore_grads(self) -> None:
+        failures: list[Exception] = []
+        for p, grad, data in self._grads:
+            try:
+                if grad is not None and grad.data is not data:
+                    grad.data = data
+                if p.grad is not grad:
+                    p.grad = grad
+            except Exception as exc:  # the other parameters' gradients all the same
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    def _restore_requires_grad(self) -> None:
         for p, flag in self._requires_grad:
-            p.requires_grad_(flag)
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+
+    def _restore_training(self) -> None:
         for m, flag in self._training:  # parents first: a parent's train() sets its children
             if m.training != flag:  # (each call recurses, and may be the user's override)
-                m.train(flag)
-        if unrestorable:
-            names = {id(p): n for n, p in self._model.named_parameters()}
-            raise UserCodeError(
-                "the model wrote to its parameters in place, out of nan-hunter's sight "
-                f"({', '.join(names.get(id(p), '?') for p in unrestorable)}); they cannot be "
-                "restored"
-            )
+                with user_errors(None, f"its restore (train({flag}))"):
+                    m.train(flag)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -110,3 +165,36 @@ def to_dtype(
         for t in [*model.parameters(), *model.buffers()]:
             if t.is_floating_point() and (only is None or t.dtype in only):
                 t.data = t.data.to(dtype)
+
+
+@contextlib.contextmanager
+def without_inference_tensors(model: torch.nn.Module) -> Iterator[None]:
+    """A model built or loaded inside ``torch.inference_mode()`` holds inference tensors, which
+    have no version counter and can be neither written to in place nor saved for a backward
+    outside that mode: for the scan, each such parameter and buffer is replaced in its module by
+    a normal copy (same values, ``requires_grad``, one copy per tensor shared between modules),
+    and the original objects, untouched, are put back after."""
+    swapped: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
+    copies: dict[int, torch.Tensor] = {}
+    try:
+        with torch.inference_mode(False):
+            for m in model.modules():
+                for slots in (m._parameters, m._buffers):
+                    for name, t in list(slots.items()):
+                        if t is None or not t.is_inference():
+                            continue
+                        if id(t) not in copies:
+                            copies[id(t)] = _normal_copy(t)
+                        swapped.append((slots, name, t))
+                        slots[name] = copies[id(t)]
+        yield
+    finally:
+        for slots, name, t in reversed(swapped):
+            slots[name] = t
+
+
+def _normal_copy(t: torch.Tensor) -> torch.Tensor:
+    copy = t.detach().clone()
+    if isinstance(t, torch.nn.Parameter):
+        return torch.nn.Parameter(copy, requires_grad=t.requires_grad)
+    return copy

@@ -474,8 +474,14 @@ class OpTracer(TorchFunctionMode):
     def release(self) -> None:
         """Drop the autograd nodes held for backward hooks (the graph can go), the calls held
         as origin candidates, and the references that make the tracer and its statistics queue
-        a cycle (so that what they hold goes when the pass does, not at the next collection)."""
-        self._nodes.clear()
+        a cycle (so that what they hold goes when the pass does, not at the next collection).
+
+        The nodes go newest first: each is then freed alone, its next nodes still held here.
+        Oldest first, the graph's last node would free the whole chain below it in one
+        recursive deallocation, whose C stack a chain of some thousand ops overflows (SIGSEGV)."""
+        nodes = self._nodes
+        while nodes:
+            nodes.popitem()
         self._calls, self._calls_held = [], 0
         self._before_write = None
         self._queue.detach()

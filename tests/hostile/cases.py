@@ -628,6 +628,19 @@ CASES: list[Case] = [
          "batch file not found", files={"model.py": model(
              build="import warnings\nwarnings.warn('a torch-like UserWarning')")},
          child=True, alone=False, check=_first_line_is_error),
+    Case("torch-load-warnings-are-not-the-models-output", (*SCAN, "--batch-file", "b.pt"), 2,
+         r"cannot load batch file .*b\.pt safely \(weights_only=True\): Invalid magic number",
+         files={"model.py": model(extra="\n\ndef loss_fn(output, batch):\n    return 1.0\n"),
+                "b.pt": b"\x80\x04K\x03."},  # pickle protocol 4: torch warns, then fails
+         child=True),
+    Case("forward-recursing-through-ops", SCAN, 2,
+         r"the model's forward recursed too deep \(RecursionError\) at \S*model\.py:4$",
+         files={"model.py": model(top="def spin(x):\n    return spin(x + 1)\n",
+                                  forward="x = spin(x)")}),
+    Case("forward-recursing-in-python", SCAN, 2,
+         r"the model's forward recursed too deep \(RecursionError\) at \S*model\.py:4$",
+         files={"model.py": model(top="def count(n):\n    return count(n + 1)\n",
+                                  forward="count(0)")}),
     Case("unprintable-exception-in-forward", SCAN, 2, r"its __str__ raises",
          files={"model.py": model(forward="raise Bad()", top="class Bad(Exception):\n"
                                   "    def __str__(self):\n        raise RuntimeError('no')\n")},
