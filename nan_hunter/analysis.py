@@ -26,6 +26,7 @@ from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.project import is_installed
 from nan_hunter.runner import PassResult
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.stats import TensorStats
 
@@ -155,7 +156,7 @@ def rerun_in_fp32(call: CapturedCall) -> bool | None:
     except Exception:
         return None  # the op does not accept FP32 in this form: no verdict from the rerun
     tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    return all(bool(real.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
 def _producers(events: tuple[OpEvent, ...], start: OpEvent, depth: int) -> Iterator[OpEvent]:
