@@ -12,8 +12,16 @@ import torch
 from torch import nn
 
 import nan_hunter
+from nan_hunter.batch import Batch
+from nan_hunter.candidate import ScanEvidence
+from nan_hunter.config import Settings
 from nan_hunter.findings import Report
 from nan_hunter.loader import load_target
+from nan_hunter.precision.formats import FP16
+from nan_hunter.rules.nh901_unexplained_non_finite_loss import UnexplainedNonFiniteLoss
+from nan_hunter.runner import PassResult
+from nan_hunter.trace.events import OpEvent
+from nan_hunter.trace.stats import TensorStats
 from tests.conftest import FIXTURES, ROOT, marker_line, scanned
 
 
@@ -144,18 +152,39 @@ def test_a_nan_constant_whose_output_a_loss_masks_is_still_an_origin() -> None:
     ]  # fmt: skip
 
 
-def test_a_nan_model_output_with_its_finding_ignored_is_still_an_error() -> None:
-    """With NH301 turned off, the NaN output a masking loss takes in is still not clean: NH901
-    says where the trace first shows it and that no traced op made it."""
-    path = FIXTURES / "fx_nan_constant.py"
-    target = load_target(str(path))
-    report = nan_hunter.scan(
-        target.model, target.batch, loss_fn=_masking_loss, ignore=["NH301"]
+def test_an_ignored_origin_is_not_reported_as_unexplained() -> None:
+    """The origin was found; the settings ignore its code: NH901 does not say "no origin"."""
+    target = load_target(str(FIXTURES / "fx_nan_constant.py"))
+    report = nan_hunter.scan(target.model, target.batch, ignore=["NH301"])
+    assert (report.findings, report.propagated) == ((), 1)
+
+
+def _event(index: int, op: str, outputs: TensorStats, *, producers: tuple[int | None, ...] = (),
+           inputs: tuple[TensorStats, ...] = (), in_loss: bool = False) -> OpEvent:
+    return OpEvent(index, op, "", None, True, inputs, (outputs,), producers, in_loss=in_loss)
+
+
+def test_a_nan_model_output_a_loss_function_masks_is_unexplained_without_an_origin() -> None:
+    """The loss is finite, the model's output it took in holds NaN, and no traced op made it
+    (untraced code wrote into a finite result): NH901 names the output and what the trace
+    shows."""
+    nan = TensorStats((4,), "float16", 4, nan=4)
+    fine = TensorStats((4,), "float16", 4, min=0.0, max=1.0, abs_max=1.0)
+    loss = TensorStats((), "float32", 1, min=0.0, max=0.0, abs_max=0.0)
+    events = (
+        _event(0, "torch.nn.functional.linear", fine),
+        _event(1, "Tensor.__add__", nan, inputs=(nan,), producers=(0,)),
+        _event(2, "torch.nan_to_num", loss, inputs=(nan,), producers=(1,), in_loss=True),
     )
-    line = marker_line(path, "# <- culprit")
-    assert _errors(report) == [("NH901", "nan", "forward", "Tensor.__mul__", "", line, False, None)]
-    assert report.findings[0].message == (
-        "the model's output holds 16 NaN and no origin was found: the first non-finite value "
-        "the trace shows is already an input of Tensor.__mul__ (fx_nan_constant.py:"
-        f"{line}): no traced op made it; nan-hunter cannot say what made it"
+    low = PassResult(events, (), None, loss, backward_ran=False)
+    (finding,) = UnexplainedNonFiniteLoss().detect(
+        ScanEvidence(Settings(), FP16, Batch((torch.zeros(4),), {}, None), low)
+    )
+    assert (finding.code, finding.op, finding.op_index, finding.origin) == (
+        "NH901", "Tensor.__add__", 1, False
+    )
+    assert finding.message == (
+        "the model's output holds 4 NaN and no origin was found: the first non-finite value the "
+        "trace shows is already an input of Tensor.__add__: no traced op made it; nan-hunter "
+        "cannot say what made it"
     )

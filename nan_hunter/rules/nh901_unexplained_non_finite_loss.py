@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nan_hunter.analysis import failures, forward_origins
 from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
 from nan_hunter.trace.events import OpEvent
@@ -20,8 +21,8 @@ class UnexplainedNonFiniteLoss(SiteRule):
     doc = """\
 ## What
 The low-precision pass ended with a NaN or inf loss (or a NaN or inf model output that a loss
-function took in), and no other error finding names an op that made it: no traced op turned
-finite inputs into NaN or inf.
+function took in), and the analysis found no op that made it: no traced op turned finite inputs
+(or a non-finite constant) into NaN or inf, and no other error explains it.
 
 ## Why
 A NaN loss is never clean. nan-hunter finds origins among the ops it traces; a value made where
@@ -47,6 +48,8 @@ op that makes the NaN is traced and classified. No automatic fix.
         low = scan.low
         if low is None or any(f.is_error and f.phase is Phase.FORWARD for f in scan.errors):
             return []
+        if forward_origins(low) or failures(low):
+            return []  # found, and explained by its finding (one the settings ignore too)
         bad = _non_finite_end(low.loss, low.events)
         if bad is None:
             return []
@@ -112,12 +115,7 @@ def _evidence(first: OpEvent | None) -> str:
             "see"
         )
     where = f" ({Path(first.location.file).name}:{first.location.line})" if first.location else ""
-    if first.inputs_finite:
-        return (
-            f"the first non-finite value the trace shows is the result of {first.op}{where}, "
-            "whose inputs were finite, and no enabled rule reported it"
-        )
-    return (
+    return (  # an origin would explain it: the value came in (a constant that was absorbed)
         f"the first non-finite value the trace shows is already an input of {first.op}{where}: "
         "no traced op made it"
     )
