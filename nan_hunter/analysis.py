@@ -1,12 +1,17 @@
 """From traced passes to finding candidates: origins, their FP32 verdicts and upstream causes.
 
 An op is an *origin* when its inputs are finite and its output is not; later ops that only carry
-its NaN/inf are *propagation*. Each origin is matched, by ``OpEvent.key``, with the same op in the
-FP32 reference pass: finite there means a precision problem, non-finite means a real bug.
+its NaN/inf are *propagation*. So is an op that reads a non-finite *constant* (a Python float
+such as ``float('nan')``, a tensor no traced op made, a buffer) with finite traced inputs and
+gives a non-finite result that is not absorbed on the way out (a ``-inf`` mask a softmax takes
+in is not; one that reaches the loss is). Each origin is matched, by ``OpEvent.key``, with the
+same op in the FP32 reference pass: finite there means a precision problem, non-finite means a
+real bug.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +26,9 @@ from nan_hunter.precision.gradients import ScaleWindow
 from nan_hunter.precision.replay import replay_in_fp32
 from nan_hunter.project import is_installed
 from nan_hunter.runner import PassResult
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
+from nan_hunter.trace.stats import TensorStats
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,72 @@ class Analysis:
 
 
 def forward_origins(result: PassResult) -> list[OpEvent]:
-    return [
+    """The origins of ``result``'s forward, in op order: ops with finite inputs and non-finite
+    outputs, and ops a non-finite constant operand makes so (``constant_origins``)."""
+    found = [
         e for e in result.events if e.failure is None and e.inputs_finite and not e.outputs_finite
     ]
+    constant = constant_origins(result.events)
+    return sorted([*found, *constant], key=lambda e: e.index) if constant else found
+
+
+def nonfinite_constants(event: OpEvent) -> tuple[str, ...]:
+    """The operands of ``event`` that are non-finite constants, as the user would write them:
+    Python floats (``float('nan')``) and tensors no traced op made (a buffer, a tensor built
+    outside the forward). Empty when a tensor a traced op made is non-finite too: the op then
+    carries damage from upstream, whatever its constants."""
+    found: list[str] = []
+    for stats, producer in zip(event.inputs, event.producers, strict=False):
+        if stats.finite:
+            continue
+        if producer is not None:
+            return ()
+        found.append(_held(stats))
+    found += [f"float({str(v)!r})" for v in event.scalars if not math.isfinite(v)]
+    return tuple(dict.fromkeys(found))
+
+
+def _held(stats: TensorStats) -> str:
+    values = [n for n, count in (("NaN", stats.nan), ("inf", stats.posinf), ("-inf", stats.neginf))
+              if count]
+    shape = "a 0-d tensor" if not stats.shape else "a tensor"
+    return f"{shape} holding {' and '.join(values)} that no traced op made (a buffer, a constant)"
+
+
+def constant_origins(events: tuple[OpEvent, ...]) -> list[OpEvent]:
+    """Ops whose non-finite output comes from a non-finite constant operand
+    (``nonfinite_constants``) and leaves the traced code non-finite (``escapes``): ``h *
+    float('nan')``. A ``-inf`` a later op absorbs (a mask a softmax takes in) is no origin."""
+    suspects = [
+        e for e in events
+        if e.failure is None and not e.inputs_finite and not e.outputs_finite
+        and nonfinite_constants(e)
+    ]
+    if not suspects:
+        return []
+    consumers = consumer_map(events)
+    return [e for e in suspects if escapes(events, consumers, e.index)]
+
+
+def escapes(events: tuple[OpEvent, ...], consumers: dict[int, list[int]], origin: int) -> bool:
+    """True when a non-finite floating value that ``origin``'s output reaches leaves the traced
+    code or is the model's output a traced loss takes in: no op on the way turned it finite or
+    into integers."""
+    stack = [origin]
+    seen: set[int] = set()
+    while stack:
+        index = stack.pop()
+        if index in seen:
+            continue
+        seen.add(index)
+        event = events[index]
+        if all(s.finite for s in event.outputs if s.is_floating):
+            continue  # absorbed here (a softmax over a -inf mask), or turned into integers
+        nxt = consumers.get(index, [])
+        if not nxt or (not event.in_loss and any(events[i].in_loss for i in nxt)):
+            return True
+        stack.extend(nxt)
+    return False
 
 
 def failures(result: PassResult) -> list[OpEvent]:
@@ -86,7 +156,7 @@ def rerun_in_fp32(call: CapturedCall) -> bool | None:
     except Exception:
         return None  # the op does not accept FP32 in this form: no verdict from the rerun
     tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    return all(bool(real.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
 def _producers(events: tuple[OpEvent, ...], start: OpEvent, depth: int) -> Iterator[OpEvent]:
@@ -304,10 +374,20 @@ def analyse(
     consumers = consumer_map(low.events)
     forward: list[Candidate] = []
     reads_low_zeros = False
-    for n, event in enumerate(forward_origins(low)):
+    # The tracer keeps the arguments of the first op with finite inputs (constants included)
+    # and a non-finite output: the rerun is that op's, whichever origin comes first.
+    captured = next(
+        (e.index for e in low.events if e.inputs_finite and not e.outputs_finite), None
+    )
+    origins = forward_origins(low)
+    constant = {e.index for e in origins if not e.inputs_finite}
+    for event in origins:
         casts = cast_inputs(event, fmt)
         reference = ref_events.get(event.key)
-        own = rerun_in_fp32(low.first_origin_call) if n == 0 and low.first_origin_call else None
+        own = (
+            rerun_in_fp32(low.first_origin_call)
+            if event.index == captured and low.first_origin_call else None
+        )
         upstream = None
         if reference is None:
             reads_low_zeros = True
@@ -336,6 +416,7 @@ def analyse(
                     if own is False else ()
                 ),
                 contained=contained(low.events, consumers, event.index),
+                constants=nonfinite_constants(event) if event.index in constant else (),
             )
         )
 
@@ -365,6 +446,9 @@ def analyse(
         Candidate(phase=Phase.FORWARD, event=e, fmt=fmt, reference=ref_events.get(e.key))
         for e in failures(low)
     )
-    propagated = sum(1 for e in low.events if not e.inputs_finite and not e.outputs_finite)
+    propagated = sum(
+        1 for e in low.events
+        if not e.inputs_finite and not e.outputs_finite and e.index not in constant
+    )
     reads_low_zeros = reads_low_zeros or any(c.reference is None for c in failed)
     return Analysis(failed, tuple(forward), tuple(backward), propagated, reads_low_zeros)

@@ -26,6 +26,7 @@ from nan_hunter.loader import (
     folder_on_path,
     load_target,
     model_folder,
+    refuse_replaced_torch,
     unwrap_model,
 )
 from nan_hunter.options import settings_with
@@ -168,7 +169,9 @@ def scan_file(
             )
             if not loaded:  # the first scan's model, for the data-flow probe
                 loaded.append(target)
-            return apply_suppressions(scan_target(target, settings)), target.file
+            report = scan_target(target, settings)
+            refuse_replaced_torch(target.file, "the scan")  # a forward that replaced them
+            return apply_suppressions(report), target.file
 
     report, entry = scan_once(spec)
     if settings.verify_fixes if verify is None else verify:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from nan_hunter.batch import Batch
 from nan_hunter.config import Settings
-from nan_hunter.findings import Phase
+from nan_hunter.findings import Finding, Phase
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.runner import PassResult
@@ -79,6 +79,9 @@ class Candidate:
     file, whose results were rounded to the low-precision format (the region grows to them)."""
     contained: bool = False
     """The non-finite values only reach integer/boolean results: harmless to training."""
+    constants: tuple[str, ...] = ()
+    """The op's non-finite constant operands (``float('nan')``, a buffer holding inf) when they,
+    not its traced inputs, made it an origin (``analysis.nonfinite_constants``)."""
 
     @property
     def ref_finite(self) -> bool | None:
@@ -118,3 +121,5 @@ class ScanEvidence:
     """The loss scale the low-precision backward ran with."""
     model: torch.nn.Module | None = None
     """The model as the user gave it (restored after the passes)."""
+    errors: tuple[Finding, ...] = ()
+    """For stage ``"final"``: the error findings of every other rule."""

@@ -166,10 +166,11 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
-    site = _detected(
-        "pass", ScanEvidence(settings, fmt, batch, low, log, window, scale, model=model)
-    )
+    evidence = ScanEvidence(settings, fmt, batch, low, log, window, scale, model=model)
+    site = _detected("pass", evidence)
     errors += [f for f in site if f.is_error]
+    # a NaN loss is never clean: what no error above explains is said to be unexplained
+    errors += _detected("final", dataclasses.replace(evidence, errors=tuple(errors)))
     warnings = [f for f in site if not f.is_error]
     findings = sorted(errors, key=_order) + warnings[: settings.max_warnings]
     return Report(

@@ -33,8 +33,10 @@ import torch
 from nan_hunter import activity
 from nan_hunter.batch import Batch, LossFn
 from nan_hunter.errors import NOT_THE_MODELS, LoadError, UserCodeError, first_line
+from nan_hunter.precision import device_alias
 from nan_hunter.targets import check_model_file
 from nan_hunter.trace.call_sites import frame_origin
+from nan_hunter.trace.torch_originals import replaced
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def load_target(
     loss = _function(
         module, names.loss_fn, "--loss-fn", required=names.loss_fn != Names().loss_fn
     )
+    refuse_replaced_torch(file, "its import, build_model() and sample_batch()")
     return Target(
         model=model,
         batch=batch,
@@ -107,6 +110,20 @@ def load_target(
         module_name=module.__name__,
         unwrapped=unwrapped,
     )
+
+
+def refuse_replaced_torch(file: Path, during: str) -> None:
+    """A ``LoadError`` when the user's code (``during`` says which) replaced a torch function
+    a scan's verdicts rest on (``torch_originals.replaced``): nan-hunter's own checks use
+    torch's real ones, but the model would compute with the replacement (an autocast that does
+    nothing on a CPU), and a scan of that is no scan of the model as it trains."""
+    names = replaced(autocast_methods=not device_alias.held())
+    if names:
+        raise LoadError(
+            f"{file.name} replaced {', '.join(names)} during {during}: nan-hunter checks values "
+            "with torch's own functions and will not scan a model that runs on replacements; "
+            "remove the replacement to scan it"
+        )
 
 
 def _from(folder: Path, path: Path | None) -> Path | None:

@@ -27,6 +27,7 @@ from nan_hunter.pass_state import RngState
 from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord
 from nan_hunter.precision.heap import trim_heap, trims_paced_by
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.device_queries import CudaQueries
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.modules import ModuleTracker
@@ -258,7 +259,7 @@ def _all_finite(grads: tuple[torch.Tensor | None, ...]) -> bool:
         if flag is None or bool(flag):
             return True
         values = [stored_values(g) if g.layout != torch.strided else g.detach() for g in present]
-        return all(bool(torch.isfinite(v).all()) for v in values)
+        return all(bool(real.isfinite(v).all()) for v in values)
 
 
 def _param_grads(

@@ -310,7 +310,7 @@ def test_extremes_of_a_transposed_tensor_are_taken_on_its_flat_storage(
     queue and the gradient log reduce the flat view (same extremes); an expanded tensor, which
     has no such view, is reduced as it is."""
     from nan_hunter.precision.gradients import GradientLog
-    from nan_hunter.trace import deferred
+    from nan_hunter.trace import deferred, torch_originals
 
     seen: list[bool] = []
     real = torch.aminmax
@@ -321,7 +321,8 @@ def test_extremes_of_a_transposed_tensor_are_taken_on_its_flat_storage(
 
     t = torch.randn(300, 200).t()
     expanded = torch.randn(1, 200).expand(300, 200)
-    monkeypatch.setattr(torch, "aminmax", watched)
+    # the statistics call torch's own aminmax, taken at import (``trace.torch_originals``)
+    monkeypatch.setattr(torch_originals, "aminmax", watched)
     queue = deferred.StatsQueue(FP16)
     stats = [queue.stats(queue.add(x, False)) for x in (t, expanded)]
     log = GradientLog(FP16)

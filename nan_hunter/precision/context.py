@@ -16,14 +16,13 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-
 from nan_hunter.precision.device_alias import DeviceAlias
 from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog
 from nan_hunter.precision.override import PolicyOverride
 from nan_hunter.precision.policy import load_policy
+from nan_hunter.trace import torch_originals as real
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class PrecisionPlan:
                     )
                     if self.device == "cpu":
                         stack.enter_context(DeviceAlias("cuda", "cpu"))
-                stack.enter_context(torch.autocast(device_type=self.device, dtype=self.fmt.dtype))
+                stack.enter_context(real.autocast(device_type=self.device, dtype=self.fmt.dtype))
             yield
 
     @contextlib.contextmanager

@@ -97,6 +97,12 @@ def _make_patches(source: str, target: str) -> list[SharedPatch]:
     ]
 
 
+def held() -> bool:
+    """Whether an alias holds autocast's methods replaced now (in this thread or another)."""
+    with _PATCHES_LOCK:
+        return any(patch.installed for patches in _PATCHES.values() for patch in patches)
+
+
 def _maps(device_type: Any, source: str) -> bool:
     """Whether ``device_type`` is the aliased one: a ``str`` equal to ``source`` (any other value
     of the caller's is passed on untouched, and none of its code runs here)."""

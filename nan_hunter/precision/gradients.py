@@ -33,6 +33,7 @@ from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.grad_nodes import current_node, feeds_parameter
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.trace import deferred
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.deferred import StaleStatistics, TensorMap, version_of
 from nan_hunter.trace.stats import dense_view, sample_size, sample_step, stored_values
 
@@ -196,7 +197,7 @@ class GradientLog:
             key, at, views = self._buffer.take(data, 2)
             dense = dense_view(data)  # a transposed gradient: several times faster read flat
             flat = data if dense is None else dense
-            torch.aminmax(flat, out=(views[at], views[at + 1]))  # NaN and inf show here
+            real.aminmax(flat, out=(views[at], views[at + 1]))  # NaN and inf show here
             if self._depth == 1 or self._held + size <= deferred.MAX_HELD_BYTES:  # NaN detail
                 held = (exact, rounded, version_of(exact), version_of(rounded))
                 self._held += size
@@ -307,10 +308,10 @@ class GradientLog:
     ) -> GradRecord | None:
         """The unbatched record of a gradient with NaN or inf (finite values only)."""
         exact = exact.detach()
-        exact = exact[torch.isfinite(exact)]
+        exact = exact[real.isfinite(exact)]
         if exact.numel() == 0:
             return None
-        lo, hi = torch.aminmax(exact)
+        lo, hi = real.aminmax(exact)
         self._max_abs = max(self._max_abs, abs(float(lo)), abs(float(hi)))
         if not full:
             return None

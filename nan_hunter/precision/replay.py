@@ -12,6 +12,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
+from nan_hunter.trace import torch_originals as real
 
 AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 """The devices whose autocast state a replay turns off."""
@@ -43,10 +44,10 @@ def replay_in_fp32(
         raise InternalError(exc) from exc
     with contextlib.ExitStack() as stack:
         for device in AUTOCAST_DEVICES:
-            stack.enter_context(torch.autocast(device_type=device, enabled=False))
+            stack.enter_context(real.autocast(device_type=device, enabled=False))
         return func(*up_args, **up_kwargs)
 
 
 def fp32_context(device: str) -> contextlib.AbstractContextManager[object]:
     """The FP32 reference pass: autocast explicitly off, so no ambient autocast leaks in."""
-    return torch.autocast(device_type=device, enabled=False)
+    return real.autocast(device_type=device, enabled=False)

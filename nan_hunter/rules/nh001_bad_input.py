@@ -8,6 +8,7 @@ import torch
 
 from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
+from nan_hunter.trace import torch_originals
 from nan_hunter.trace.stats import tensor_stats
 
 
@@ -50,7 +51,7 @@ Clean the data: check the preprocessing that produced these indices
         for name, value in _named_tensors(named):
             if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
                 continue
-            bad = ~torch.isfinite(value)
+            bad = ~torch_originals.isfinite(value)
             if not bool(bad.any()):
                 continue
             real = torch.view_as_real(value) if value.is_complex() else value

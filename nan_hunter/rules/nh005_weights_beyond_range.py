@@ -13,6 +13,7 @@ from nan_hunter.location import SourceLocation
 from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
 from nan_hunter.project import is_installed
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.stats import tensor_stats
 
 
@@ -88,10 +89,10 @@ FP32 tensors FP32, with its inputs upcast and its results cast back), as transfo
             return None
         with torch.no_grad():
             value = tensor.detach()
-            if not bool(torch.isfinite(value).all()):
+            if not bool(real.isfinite(value).all()):
                 return None  # an inf the user put there (a -inf mask buffer): theirs, not ours
             cast = value.to(fmt.dtype)
-            beyond = ~torch.isfinite(cast)
+            beyond = ~real.isfinite(cast)
             count = int(beyond.sum())
             if count == 0:
                 return None

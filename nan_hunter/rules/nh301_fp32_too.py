@@ -83,6 +83,8 @@ def _hints(c: Candidate) -> dict[str, str]:
 
 def _operand(c: Candidate) -> str:
     """Name the operand that makes the op invalid, from the FP32 reference's inputs."""
+    if c.constants:
+        return f": a non-finite constant operand: {' and '.join(c.constants)}"
     inputs = c.reference.inputs if c.reference is not None else c.event.inputs
     if inputs and c.phase is Phase.BACKWARD and c.op_name in _BACKWARD_HINTS:
         zeros = inputs[0].zeros
@@ -117,7 +119,9 @@ The op's output is NaN or inf in the FP32 reference run too, with the same model
 
 ## Why
 Precision is not the cause: no autocast setting, loss scale or BF16 will fix it. Common causes are
-the log or square root of a negative number, a division by zero, or inf - inf.
+the log or square root of a negative number, a division by zero, or inf - inf. An op that reads
+a non-finite constant (`x * float('nan')`, a buffer holding inf) is one too, when what it makes
+reaches the loss or the model's output (a `-inf` mask a softmax takes in is not reported).
 
 ## Example
 ```python
@@ -131,7 +135,8 @@ of the data. nan-hunter suggests no autocast patch for this rule.
 """
 
     def matches(self, c: Candidate) -> bool:
-        return c.ref_finite is False
+        # a non-finite constant is non-finite in any precision, with or without a reference
+        return c.ref_finite is False or bool(c.constants)
 
     def kind_for(self, c: Candidate) -> Kind:
         stats = c.grad.produced if c.grad is not None else c.event.outputs
@@ -146,6 +151,12 @@ of the data. nan-hunter suggests no autocast patch for this rule.
         )
 
     def fix(self, c: Candidate) -> FixPlan:
+        if c.constants:
+            return FixPlan(
+                title=f"Replace the non-finite constant {' and '.join(c.constants)} with a finite "
+                "value (a mask: torch.finfo(dtype).min), or keep what it makes away from the "
+                "loss; no autocast fix"
+            )
         backward = c.phase is Phase.BACKWARD
         advice = (_BACKWARD_ADVICE.get(c.op_name) if backward else None) or _ADVICE.get(
             c.op_name

@@ -7,7 +7,8 @@ Every rule is a detector, of one of two kinds:
   happened in one sentence, ``fix`` says what to change. ``classify`` tries them by
   ``priority``, most specific first; the generic fallback comes last.
 * a site rule (``SiteRule``) finds its own sites in the whole scan (``detect``): a bad input
-  before any pass (stage ``"inputs"``), or a warning after the low-precision pass (``"pass"``).
+  before any pass (stage ``"inputs"``), a warning after the low-precision pass (``"pass"``), or
+  what no other rule's error explains, after them all (``"final"``).
 
 Rules live one per module, ``rules/nh<code>_<name>.py``, and register themselves with
 ``@register``; the registry imports every such module of the package on first use.
@@ -95,7 +96,8 @@ class SiteRule(Rule):
 
     stage: str = "pass"
     """``"inputs"``: run on the batch before any pass; ``"pass"``: after the low-precision
-    pass (warnings)."""
+    pass (warnings); ``"final"``: after every other rule, whose errors it reads
+    (``ScanEvidence.errors``)."""
 
     keeps_module_in_fp32: bool = False
     """Under ``model.half()``: whether keeping the module of a finding's site in FP32 is a fix
@@ -201,7 +203,7 @@ def get_rule(code: str) -> Rule | None:
 
 
 def site_rules(stage: str) -> list[SiteRule]:
-    """The site rules of ``stage`` (``"inputs"`` or ``"pass"``), by priority."""
+    """The site rules of ``stage`` (``"inputs"``, ``"pass"`` or ``"final"``), by priority."""
     _load_rules()
     rules = sorted(_REGISTRY.values(), key=_priority)
     return [r for r in rules if isinstance(r, SiteRule) and r.stage == stage]

@@ -22,6 +22,7 @@ import torch
 
 from nan_hunter.errors import PassSignal
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.stats import (
     TensorStats,
     dense_view,
@@ -253,7 +254,7 @@ class StatsQueue:
             data = data.float()
         key, at, views = self._buffer.take(data, 2)
         dense = dense_view(data)  # a transposed result: several times faster read flat
-        torch.aminmax(data if dense is None else dense, out=(views[at], views[at + 1]))
+        real.aminmax(data if dense is None else dense, out=(views[at], views[at + 1]))
         if not counts:
             return key, at, None
         flat = data.reshape(-1) if dense is None else dense.view(-1)  # a copy if not dense

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from nan_hunter.precision.formats import FP16, FloatFormat
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.summary import FLOAT_DTYPES, TensorStats, format_number
 
 __all__ = [
@@ -122,20 +123,20 @@ def tensor_stats(t: torch.Tensor, fmt: FloatFormat = FP16, *, counts: bool = Tru
     data = t.detach()
     if data.element_size() == 1:  # float8: no isfinite/aminmax kernels; FP32 holds it exactly
         data = data.float()
-    lo, hi = torch.aminmax(data)
+    lo, hi = real.aminmax(data)
     lo_f, hi_f = float(lo), float(hi)
     nan = posinf = neginf = 0
     finite_vals = data
     if not (math.isfinite(lo_f) and math.isfinite(hi_f)):
-        finite_mask = torch.isfinite(data)
+        finite_mask = real.isfinite(data)
         n_finite = int(finite_mask.sum())
-        nan = int(torch.isnan(data).sum())
-        posinf = int(torch.isposinf(data).sum())
+        nan = int(real.isnan(data).sum())
+        posinf = int(real.isposinf(data).sum())
         neginf = numel - n_finite - nan - posinf
         if n_finite == 0:
             return TensorStats(shape, name, numel, nan, posinf, neginf)
         finite_vals = data[finite_mask]
-        lo, hi = torch.aminmax(finite_vals)
+        lo, hi = real.aminmax(finite_vals)
         lo_f, hi_f = float(lo), float(hi)
     zeros = tiny = None
     if counts:
@@ -222,5 +223,5 @@ _LOW = (torch.float16, torch.bfloat16)
 def _group_finite(group: list[torch.Tensor]) -> torch.Tensor:
     if group[0].device.type == "cpu":
         sums = [t.sum(dtype=torch.float32) if t.dtype in _LOW else t.sum() for t in group]
-        return torch.stack(sums).isfinite().all()
-    return torch.stack(torch._foreach_norm(group, math.inf)).isfinite().all()
+        return real.isfinite(torch.stack(sums)).all()
+    return real.isfinite(torch.stack(torch._foreach_norm(group, math.inf))).all()

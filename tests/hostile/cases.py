@@ -450,6 +450,37 @@ AUTOCAST_BY_DEVICE = model(
 """Passing the device on to autocast is not a branch: clean."""
 
 
+LIARS = """
+_OWN = {n: (getattr(torch, n), getattr(torch.Tensor, n))
+        for n in ("isfinite", "isnan", "isinf", "aminmax")}
+
+
+def lie():
+    torch.isfinite = lambda t: torch.ones_like(t, dtype=torch.bool)
+    torch.isnan = torch.isinf = lambda t: torch.zeros_like(t, dtype=torch.bool)
+    torch.aminmax = lambda t, **k: (torch.zeros(()), torch.zeros(()))
+    for n in _OWN:
+        setattr(torch.Tensor, n, lambda self, *a, _n=n, **k: getattr(torch, _n)(self, *a, **k))
+
+
+def put_back():
+    for n, (function, method) in _OWN.items():
+        setattr(torch, n, function)
+        setattr(torch.Tensor, n, method)
+"""
+"""A model file's replacements of the functions a NaN check uses: everything reads finite."""
+
+AUTOCAST_LIAR = """
+class _Autocast(torch.autocast):
+    def __init__(self, device_type, *args, enabled=True, **kwargs):
+        super().__init__(device_type, *args, enabled=enabled and device_type == "cuda", **kwargs)
+
+
+torch.autocast = torch.amp.autocast = _Autocast
+"""
+"""An autocast that passes CUDA through and does nothing on a CPU."""
+
+
 CASES: list[Case] = [
     # --- text from the model in CI outputs and terminals -------------------------------------
     Case("github-summary-of-a-file-name-with-a-newline",
@@ -483,6 +514,29 @@ CASES: list[Case] = [
     Case("error-line-of-a-megabyte-message-is-capped-child", SCAN, 2, r"\.\.\. \(\d{6,} more\)",
          files={"model.py": model(forward="raise RuntimeError('x' * 1_000_000)")},
          check=_error_line_capped, child=True),
+    # --- torch's checks replaced by the model file: never "clean" on a liar (issue 35) ------
+    # (child: the replacements stay in the scan process, never in the test's)
+    Case("statistics-replaced-at-import-are-refused", SCAN, 2,
+         r"^nan-hunter: error: model\.py replaced torch\.isfinite, torch\.isnan, torch\.isinf, "
+         r"torch\.aminmax, torch\.Tensor\.isfinite, torch\.Tensor\.isnan, torch\.Tensor\.isinf, "
+         r"torch\.Tensor\.aminmax during its import, build_model\(\) and sample_batch\(\): "
+         r"nan-hunter checks values with torch's own functions",
+         files={"model.py": model(top=LIARS + "lie()\n", forward="x = torch.log(x)")},
+         child=True),
+    Case("autocast-replaced-at-import-is-refused", SCAN, 2,
+         r"model\.py replaced torch\.autocast, torch\.amp\.autocast during its import",
+         files={"model.py": model(top=AUTOCAST_LIAR, forward="x = torch.log(x)")}, child=True),
+    Case("autocast-enter-replaced-in-build-is-refused", SCAN, 2,
+         r"model\.py replaced torch\.autocast\.__enter__ during its import, build_model\(\)",
+         files={"model.py": model(build="torch.autocast.__enter__ = lambda self: self",
+                                  forward="x = torch.log(x)")}, child=True),
+    Case("statistics-replaced-in-forward-and-put-back-still-see-the-nan", SCAN, 1,
+         files={"model.py": model(top=LIARS, forward="lie()\nx = torch.log(x)\nx = x * 1\n"
+                                                      "put_back()")},
+         check=_stdout_has("error[NH301] nan: torch.log gets"), child=True),
+    Case("statistics-replaced-in-forward-and-left-are-refused", SCAN, 2,
+         r"model\.py replaced torch\.isfinite, .* during the scan:",
+         files={"model.py": model(top=LIARS, forward="lie()\nx = torch.log(x)")}, child=True),
     # --- what a scan did not check: never "clean" over an unanalysed backward ---------------
     Case("backward-runs-when-the-model-file-turns-gradients-off", (*SCAN, "--format", "json"), 0,
          files={"model.py": model(top="torch.set_grad_enabled(False)\n")}, child=True,
