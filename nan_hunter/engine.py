@@ -33,7 +33,7 @@ from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import BF16, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.precision.heap import large_blocks_from_heap
-from nan_hunter.precision.loss_scale import back_off
+from nan_hunter.precision.loss_scale import back_off, largest_finite
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.progress import announce
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
@@ -117,10 +117,19 @@ def _scan_target(target: Target, settings: Settings) -> Report:
                 scale = settled
                 why = f"backward at GradScaler's backed-off {scale_text(scale)}"
                 low, log = backward.run(scale, why)
-            if backward_origins(low) and scale > 1.0:  # overflows wherever GradScaler can go
-                skipped += round(math.log2(scale))
-                scale = 1.0
-                low, log = backward.run(scale, "unscaled backward: overflows at every scale")
+            if backward_origins(low) and scale > 1.0:
+                overflowing, scale = scale, 1.0
+                skipped += round(math.log2(overflowing))
+                why = f"unscaled backward, after an overflow at {scale_text(overflowing)}"
+                low, log = backward.run(scale, why)
+                if not backward_origins(low) and overflowing > 2.0:
+                    # It does not: GradScaler stops at the first scale whose step is finite,
+                    # which the window's measurement missed (a gradient it did not see).
+                    scale = largest_finite(overflowing, backward.finite)
+                    skipped -= round(math.log2(scale))
+                    if scale > 1.0:
+                        why = f"backward at {scale_text(scale)}, where GradScaler settles"
+                        low, log = backward.run(scale, why)
     if low.backward_ran:
         info = dataclasses.replace(info, loss_scaling=_scaling(settings, scale, skipped))
     unchecked = []
@@ -231,6 +240,12 @@ class _Backward:
         backward = " + backward" if settings.backward else ""
         announce(why or f"{settings.dtype} {settings.mode} pass{backward}")
         return self._runner.run(scale, log, events=events), log
+
+    def finite(self, scale: float) -> bool:
+        """Whether the gradients at loss ``scale`` are finite (a pass that only measures
+        them)."""
+        low, _ = self.run(scale, f"backward at {scale_text(scale)}: finite?", events=False)
+        return bool(low.gradients_finite)
 
     def recount(self, low: PassResult) -> PassResult:
         """``low`` with exact zero counts (``PassRunner.recount``)."""

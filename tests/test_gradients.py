@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,12 +12,14 @@ from torch import nn
 from typer.testing import CliRunner
 
 import nan_hunter
+from nan_hunter import engine
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
 from nan_hunter.config import load_settings
 from nan_hunter.findings import Report
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import FlushStats, GradientLog
+from nan_hunter.precision.loss_scale import largest_finite
 from nan_hunter.report import render
 from tests.conftest import FIXTURES, marker_line, scanned
 
@@ -381,3 +384,68 @@ def test_a_transposed_gradient_is_histogrammed_without_a_copy(
     monkeypatch.undo()
     assert torch.equal(transposed, contiguous)
     assert int(contiguous[0]) == len(range(0, 300, 7)) * 200  # the zeros, bucket 0
+
+
+SETTLES = """\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.fc2 = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc(x))).sum()
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Net()
+
+
+def sample_batch():
+    torch.manual_seed(0)
+    return torch.randn(32, 64)
+"""
+"""An FP16 sum whose gradients reach |g| = 32: finite up to 2**10, overflowing from 2**11."""
+
+
+def test_gradscaler_settles_where_its_step_is_finite_not_at_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the step at the backed-off scale still overflows (the window's measurement missed
+    a gradient: here, back_off told to trust 2**15) but the unscaled one is finite, GradScaler
+    stops at the first finite scale, 2**10, inside the window; not "2**0 after 16 skipped
+    steps" above a window of 2**-12 .. 2**10."""
+    path = tmp_path / "model.py"
+    path.write_text(SETTLES)
+    honest = scan_file(str(path))
+    scaling, window = honest.target.loss_scaling, honest.loss_scale
+    assert scaling is not None and window is not None
+    assert (scaling.used, scaling.skipped, window.high) == (2.0**10, 6, 10)
+
+    monkeypatch.setattr(engine, "back_off", lambda *_: (2.0**15, 1))
+    report = scan_file(str(path))
+    assert report.status == "clean", [f.message for f in report.findings]
+    scaling, window = report.target.loss_scaling, report.loss_scale
+    assert scaling is not None and window is not None
+    assert (scaling.used, scaling.skipped, window.high) == (2.0**10, 6, 10)
+    assert render(report).splitlines()[0].endswith(
+        "(policy cuda, GradScaler 2**16, dynamic, backed off to 2**10 after 6 skipped steps)"
+    )
+
+
+def test_largest_finite_scale_halves_the_exponent_range() -> None:
+    asked: list[float] = []
+
+    def finite(scale: float) -> bool:
+        asked.append(scale)
+        return scale <= 2.0**10
+
+    assert largest_finite(2.0**15, finite) == 2.0**10
+    assert asked == [2.0**7, 2.0**11, 2.0**9, 2.0**10]
+    assert largest_finite(2.0**15, lambda s: False) == 1.0
+    assert largest_finite(2.0**1, finite) == 1.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import ScaleWindow
@@ -27,3 +28,18 @@ def back_off(
         scale /= 2.0
         skipped += 1
     return scale, skipped
+
+
+def largest_finite(overflowing: float, finite: Callable[[float], bool]) -> float:
+    """GradScaler's scale below ``overflowing`` (a power of two whose step overflowed, above
+    1) when its step at 1 is finite: the largest power of two at which ``finite`` holds, found
+    by halving the exponent range, as overflow only grows with the scale (``log2`` of the range
+    passes, not one per halving). 1 when none above it is."""
+    low, high = 0, round(math.log2(overflowing))  # finite at 2**low, overflows at 2**high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if finite(2.0**middle):
+            low = middle
+        else:
+            high = middle
+    return 2.0**low

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nan_hunter.findings import Kind, Phase
+from nan_hunter.rules._bug_causes import diagnose
 from nan_hunter.rules._messages import output_damage
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 from nan_hunter.trace.stats import format_number
@@ -18,8 +19,9 @@ _DOMAIN_HINTS = {
     "reciprocal": "the reciprocal of 0",
     "acos": "acos outside [-1, 1]",
     "asin": "asin outside [-1, 1]",
-    "pow": "a negative base to a fractional power",
 }
+"""Causes by the op alone, where ``_bug_causes.diagnose`` cannot settle one from the evidence
+(a power's cause is always decided there: an overflow is no domain error)."""
 
 
 _BACKWARD_HINTS = {
@@ -64,7 +66,6 @@ _ADVICE = {
     "reciprocal": "Guard the input: torch.reciprocal(x.clamp_min(eps))",
     "acos": "Clamp the input into the domain: torch.acos(x.clamp(-1 + eps, 1 - eps))",
     "asin": "Clamp the input into the domain: torch.asin(x.clamp(-1 + eps, 1 - eps))",
-    "pow": "Clamp the base before a fractional power: x.clamp_min(0) ** p",
     "cross_entropy": "A batch whose every target is ignore_index averages over no token (0/0): "
     "skip the loss when (target != ignore_index).sum() == 0, or use reduction='sum' and divide "
     "by a token count that is at least 1 (a global count, across ranks and accumulation steps)",
@@ -119,7 +120,11 @@ The op's output is NaN or inf in the FP32 reference run too, with the same model
 
 ## Why
 Precision is not the cause: no autocast setting, loss scale or BF16 will fix it. Common causes are
-the log or square root of a negative number, a division by zero, or inf - inf. An op that reads
+the log or square root of a negative number, the log of 0, a division by zero (a count such as
+`mask.sum()` that is 0), the mean of an empty selection (0 / 0), an unbiased `std`/`var` of one
+value (N - 1 = 0), the gradient of `sqrt` at 0 (the norm of an all-zero vector), a value beyond
+FP32's maximum 3.4e38 (`x.pow(2)` of a value above 1.8e19, `exp` above 88.7), or inf - inf.
+nan-hunter names the cause it reads from the op's FP32 inputs and outputs. An op that reads
 a non-finite constant (`x * float('nan')`, a buffer holding inf) is one too, when what it makes
 reaches the loss or the model's output (a `-inf` mask a softmax takes in is not reported).
 
@@ -130,8 +135,9 @@ y = torch.log(h)                              # NaN in FP32 and FP16 alike
 ```
 
 ## Fix
-Guard the operand: `torch.log(h.clamp_min(eps))`, `torch.sqrt(v + eps)`, a softplus, or a check
-of the data. nan-hunter suggests no autocast patch for this rule.
+Guard the operand, as the finding's advice says for its cause: `torch.log(h.clamp_min(eps))`,
+`torch.sqrt(v + eps)`, `x.std(dim, correction=0)`, `x / n.clamp_min(1)` for a count, a softplus,
+or a check of the data. nan-hunter suggests no autocast patch for this rule.
 """
 
     def matches(self, c: Candidate) -> bool:
@@ -143,12 +149,13 @@ of the data. nan-hunter suggests no autocast patch for this rule.
         return Kind.NAN if any(s.nan for s in stats) else Kind.INF
 
     def message(self, c: Candidate) -> str:
+        head = f"{c.event.op} gets {output_damage(c)} in FP32 as well: not a precision problem"
+        diagnosis = None if c.constants else diagnose(c)
+        if diagnosis is not None:
+            return f"{head}, likely {diagnosis.cause}"
         hint = _hints(c).get(c.op_name)
         cause = f", likely {hint}" if hint else ""
-        return (
-            f"{c.event.op} gets {output_damage(c)} in FP32 as well: not a precision problem"
-            f"{cause}{_operand(c)}"
-        )
+        return f"{head}{cause}{_operand(c)}"
 
     def fix(self, c: Candidate) -> FixPlan:
         if c.constants:
@@ -157,6 +164,9 @@ of the data. nan-hunter suggests no autocast patch for this rule.
                 "value (a mask: torch.finfo(dtype).min), or keep what it makes away from the "
                 "loss; no autocast fix"
             )
+        diagnosis = diagnose(c)
+        if diagnosis is not None:
+            return FixPlan(title=f"{diagnosis.advice}; no autocast fix")
         backward = c.phase is Phase.BACKWARD
         advice = (_BACKWARD_ADVICE.get(c.op_name) if backward else None) or _ADVICE.get(
             c.op_name

@@ -1,4 +1,5 @@
-"""NH502 (warning): a large share of an op's low-precision output is subnormal."""
+"""NH502 (warning): a share of an op's low-precision output (``underflow_share``, default 25%)
+is subnormal."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from nan_hunter.rules.nh501_fp32_out_of_range import at_risk, site_findings
 from nan_hunter.rules.registry import Candidate, FixPlan, ScanEvidence, SiteRule, register
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import format_number
+
+_DEFAULTS = Settings()
+SHARE = f"{_DEFAULTS.underflow_share:.0%}"
+"""The default threshold as the docs say it (``25%``): the rule's description reads it from the
+settings' defaults, so the text cannot drift from ``configs/default.yaml``."""
 
 
 def subnormal_share(c: Candidate) -> float:
@@ -23,11 +29,15 @@ class UnderflowShare(SiteRule):
     name = "activation-underflow"
     severity = Severity.WARNING
     kind = Kind.UNDERFLOW
-    summary = "Many values of an FP16 result are below FP16's smallest normal (6.1e-5)."
-    doc = """\
+    summary = (
+        f"At least {SHARE} of an FP16 result's nonzero values (underflow_share) are below FP16's "
+        "smallest normal (6.1e-5)."
+    )
+    doc = f"""\
 ## What
-A configurable share (default 25%) of the nonzero values of an FP16 result lie below 6.1e-5,
-FP16's smallest normal number: they keep only a few bits, and below 6e-8 they are 0.
+At least a share `underflow_share` (default {SHARE}) of the nonzero values of an FP16 result,
+and at least `underflow_min_count` (default {_DEFAULTS.underflow_min_count}) values, lie below
+6.1e-5, FP16's smallest normal number: they keep only a few bits, and below 6e-8 they are 0.
 
 ## Why
 Lost small values bias means and variances, and turn later divisions and logs into inf/NaN
@@ -43,8 +53,8 @@ Rescale the values, compute them in FP32, or use BF16. Display-only advice.
 """
 
     def detect(self, scan: ScanEvidence) -> list[Finding]:
-        """One warning per site whose low-precision output is mostly subnormal; a site NH501
-        warns about (enabled or not) is NH501's."""
+        """One warning per site whose low-precision output has a share ``underflow_share`` or
+        more subnormal; a site NH501 warns about (enabled or not) is NH501's."""
         low = scan.low
         assert low is not None
         nh501 = {e.index for e in at_risk(low, scan.fmt)}
