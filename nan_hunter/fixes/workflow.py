@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nan_hunter.findings import Finding, Report
+from nan_hunter.findings import Finding, Fix, Report
 from nan_hunter.fixes.edits import patch_files
 from nan_hunter.fixes.select import select_fixes
 from nan_hunter.loader import forget_stale_modules
@@ -30,6 +30,9 @@ class Applied:
     fixed: tuple[Finding, ...]
     skipped: tuple[tuple[Finding, str], ...]
     backup: Path | None
+    passed_over: tuple[tuple[Finding, Fix], ...] = ()
+    """Verified unsafe fixes ranked first for a finding fixed here by a safe one: the cheaper
+    change ``--unsafe-fixes`` would have taken (``Selection.passed_over``)."""
 
 
 def apply_fixes(
@@ -76,11 +79,15 @@ def apply_fixes(
         backed_up.update(path for path, saved in written.items() if saved is not None)
     if written:  # a later scan in this process imports the project as written now
         forget_stale_modules(shared_root(list(written)))
+    passed: dict[Path, list[tuple[Finding, Fix]]] = {}
+    for finding, fix in selection.passed_over:
+        passed.setdefault(Path(fix.file or report.target.file), []).append((finding, fix))
     results = []
     for path in sorted(set(fixed) | set(skipped)):
         results.append(
             Applied(path, tuple(dict.fromkeys(fixed.get(path, []))),
-                    tuple(skipped.get(path, [])), written.get(path))
+                    tuple(skipped.get(path, [])), written.get(path),
+                    tuple(passed.get(path, [])))
         )
     return results
 
