@@ -31,7 +31,7 @@ CASES = [
     (FIXTURES / "fx_eps_attribute.py", "autocast", (), "eps where the file writes it"),
     (FIXTURES / "fx_mask_constant.py", "autocast", (), "finfo limit"),
     (FIXTURES / "fx_bce_logits.py", "autocast", (), "with-logits"),
-    (FIXTURES / "fx_scale_attribute.py", "autocast", (), "in-place by a float, forward first"),
+    (FIXTURES / "fx_scale_attribute.py", "autocast", (), "in-place by a float, never cast"),
     (FIXTURES / "fx_bce_banned.py", "autocast", (), "BCE in an FP32 region"),
     (EXAMPLES / "attention_unscaled.py", "half", (), "half: upcast, cast back"),
     (FIXTURES / "fx_half_exp.py", "half", (), "half: upcast"),
