@@ -101,7 +101,7 @@ def scan(
 
         def scan_copy(patched: torch.nn.Module, patched_loss: LossFn | None) -> Report:
             copy_target = dataclasses.replace(target, model=patched, loss_fn=patched_loss)
-            return scan_target(copy_target, settings)
+            return scan_target(copy_target, settings, fp32_loss=True)
 
         rescan = patched_model_scan(model, loss_fn, source, scan_copy)
         probe = model_probe(model, target.batch, loss_fn)
@@ -160,7 +160,9 @@ def scan_file(
 
     loaded: list[Target] = []
 
-    def scan_once(spec: str, search: Path | None = None) -> tuple[Report, Path]:
+    def scan_once(
+        spec: str, search: Path | None = None, fp32_loss: bool = False
+    ) -> tuple[Report, Path]:
         # the model's folder on sys.path for the whole scan: imports inside build_model() and
         # forward find its siblings (a dotted spec re-scanned in the overlay: its folder there)
         with folder_on_path(search) if search is not None else model_folder(spec):
@@ -169,7 +171,7 @@ def scan_file(
             )
             if not loaded:  # the first scan's model, for the data-flow probe
                 loaded.append(target)
-            report = scan_target(target, settings)
+            report = scan_target(target, settings, fp32_loss=fp32_loss)
             refuse_replaced_torch(target.file, "the scan")  # a forward that replaced them
             return apply_suppressions(report), target.file
 
@@ -183,13 +185,14 @@ def scan_file(
 
 
 def _rescan_of(
-    spec: str, entry: Path, scan_once: Callable[[str, Path | None], tuple[Report, Path]]
+    spec: str, entry: Path, scan_once: Callable[[str, Path | None, bool], tuple[Report, Path]]
 ) -> Callable[[Path], Report]:
     """How verification re-runs the original entry in its overlay: by its file there, or, for a
     dotted ``pkg.module`` spec, by the same name imported from the overlay of the working
-    directory (so the entry's own relative imports work)."""
+    directory (so the entry's own relative imports work). Each re-scan measures the patched
+    model's FP32 loss too (how much a fix changes what the model computes)."""
     if spec.endswith(".py") or Path(spec).exists():
-        return lambda shadow_entry: scan_once(str(shadow_entry))[0]
+        return lambda shadow_entry: scan_once(str(shadow_entry), None, True)[0]
     root = project_root(entry)
     depth = len(entry.resolve().relative_to(root).parts)
 
@@ -197,6 +200,6 @@ def _rescan_of(
         shadow_root = shadow_entry.parents[depth - 1]
         cwd = Path.cwd().resolve()
         search = shadow_root / cwd.relative_to(root) if cwd.is_relative_to(root) else cwd
-        return scan_once(spec, search)[0]
+        return scan_once(spec, search, True)[0]
 
     return rescan

@@ -15,6 +15,7 @@ from nan_hunter.batch import Batch
 from nan_hunter.blame import user_errors
 from nan_hunter.candidate import Candidate, ScanEvidence
 from nan_hunter.config import Settings
+from nan_hunter.errors import UserCodeError
 from nan_hunter.findings import (
     Finding,
     LossScaling,
@@ -30,7 +31,7 @@ from nan_hunter.model_state import without_inference_tensors
 from nan_hunter.options import explicitly_set
 from nan_hunter.pass_state import fewer_collections
 from nan_hunter.precision.context import PrecisionPlan
-from nan_hunter.precision.formats import BF16, format_for
+from nan_hunter.precision.formats import BF16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.precision.heap import large_blocks_from_heap
 from nan_hunter.precision.loss_scale import back_off, largest_finite
@@ -40,7 +41,10 @@ from nan_hunter.rules.registry import classify, origin_finding, site_rules
 from nan_hunter.runner import PassResult, PassRunner, run_pass
 
 
-def scan_target(target: Target, settings: Settings) -> Report:
+def scan_target(target: Target, settings: Settings, *, fp32_loss: bool = False) -> Report:
+    """One scan of a loaded target. ``fp32_loss``: the report's ``reference_loss`` is measured
+    even when nothing broke (one FP32 forward and loss): a verification re-scan needs the
+    patched model's FP32 loss to say how much a fix changes what the model computes."""
     # The passes and the analysis after them create objects that all live to the end of the
     # scan: the collector runs less often meanwhile (19% of an op-heavy scan's time otherwise).
     # The random state is the caller's: a scan draws dropout masks, and leaves it as it was.
@@ -65,7 +69,7 @@ def scan_target(target: Target, settings: Settings) -> Report:
         batch = target.batch.without_inference_tensors()
         if batch is not target.batch:
             target = dataclasses.replace(target, batch=batch)
-        return _scan_target(target, settings)
+        return _scan_target(target, settings, fp32_loss)
 
 
 def _random_state_kept() -> contextlib.AbstractContextManager[None]:
@@ -73,7 +77,7 @@ def _random_state_kept() -> contextlib.AbstractContextManager[None]:
     return torch.random.fork_rng(devices=cuda)
 
 
-def _scan_target(target: Target, settings: Settings) -> Report:
+def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
     started = time.perf_counter()
     if settings.dtype == "float32" and settings.mode != "half":
         settings = dataclasses.replace(settings, mode="half")  # FP32: a plain run, no autocast
@@ -158,6 +162,9 @@ def _scan_target(target: Target, settings: Settings) -> Report:
             grad_scale=scale,
             count_all=True,
         )
+    reference = ref
+    if ref is None and fp32_loss:  # the loss only: the analysis of a clean pass takes no ref
+        reference = _fp32_loss_pass(model, batch, target, device, fmt, scale)
     analysis = analyse(
         low, ref, fmt, upstream_depth=settings.upstream_depth, window=window, grad_scale=scale
     )
@@ -192,9 +199,30 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         warnings_total=len(warnings),
         loss=low.loss,
         loss_scale=window,
-        reference_loss=ref.loss if ref is not None else None,
+        reference_loss=reference.loss if reference is not None else None,
         range_map=build_range_map(low.events, low.grad_events, fmt, scale),
     )
+
+
+def _fp32_loss_pass(
+    model: torch.nn.Module,
+    batch: Batch,
+    target: Target,
+    device: str,
+    fmt: FloatFormat,
+    scale: float,
+) -> PassResult | None:
+    """One FP32 forward and loss, for the loss only; None when the model cannot run in FP32
+    (a patch that casts to ``torch.float16`` by name): the measurement is then missing, the
+    scan is not failed for it."""
+    announce("FP32 loss of the model")
+    try:
+        return run_pass(
+            model, _fresh(batch), target.loss_fn, fp32_context(device), fmt, backward=False,
+            fp32=True, grad_scale=scale,
+        )
+    except UserCodeError:
+        return None
 
 
 class _Backward:

@@ -35,6 +35,11 @@ class Phase(str, enum.Enum):
     BACKWARD = "backward"
 
 
+LOSS_RTOL = 0.05
+"""How far a fixed model's loss may be from the original's FP32 loss (relative): the
+verification's tolerance, and the bound under which an unsafe fix counts as measured harmless."""
+
+
 class Applicability(str, enum.Enum):
     """How safe a fix is to apply without review, ordered as in Ruff."""
 
@@ -98,6 +103,22 @@ class Fix:
     alternatives: tuple[Fix, ...] = ()
     """Other fixes for the same finding, usually less safe (an eps FP16 can hold); the
     selection takes the first one that may be applied."""
+    fp32_loss_change: float | None = None
+    """How much the fix changes what the model computes: the FP32 loss of the patched model
+    relative to the original's FP32 loss (``0.0002`` is 0.02%), measured by the verification
+    re-scan; None when not measured."""
+
+    @property
+    def measured_harmless(self) -> bool:
+        """An unsafe fix that the re-scan verified and whose measured change of the FP32 loss
+        is within the verification's tolerance: ``--fix`` and ``--fix-all`` take it without
+        ``--unsafe-fixes`` (it stays labelled unsafe)."""
+        return (
+            self.applicability is Applicability.UNSAFE
+            and self.verified is True
+            and self.fp32_loss_change is not None
+            and abs(self.fp32_loss_change) < LOSS_RTOL
+        )
 
     @property
     def file(self) -> str | None:
@@ -107,6 +128,13 @@ class Fix:
     @property
     def files(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(e.file for e in self.edits))
+
+
+def loss_change_text(change: float) -> str:
+    """``FP32 loss changes by 0.02%``: a fix's measured change, for the report and the notes."""
+    percent = abs(change) * 100
+    shown = f"{percent:.0f}" if percent >= 10 else f"{percent:.2g}"
+    return f"FP32 loss changes by {shown}%"
 
 
 @dataclass(frozen=True)

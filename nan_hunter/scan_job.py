@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nan_hunter.findings import loss_change_text
 from nan_hunter.untrusted import shown
 
 if TYPE_CHECKING:
@@ -113,6 +114,13 @@ def _say_applied(applied: list[Applied] | tuple[Applied, ...], prefix: str) -> N
             _say(f"nan-hunter: {prefix}fixed {codes} in {a.file}{kept}")
         for f, why in a.skipped:
             _say(f"nan-hunter: {prefix}not fixed: {f.code} ({why})")
+        for f, fix in a.passed_over:
+            measured = (
+                f": {loss_change_text(fix.fp32_loss_change)}"
+                if fix.fp32_loss_change is not None else ""
+            )
+            _say(f"nan-hunter: {prefix}{f.code}: a cheaper, unsafe fix was not taken "
+                 f"({fix.title}{measured}); --unsafe-fixes takes it")
 
 
 def _say(message: str) -> None:

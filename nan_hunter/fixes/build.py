@@ -67,13 +67,16 @@ def build_fix(
     user's project, or the call site in it when the op ran inside an installed library;
     ``root_class``, the class name of the model itself (never kept in FP32 as a whole). A plan
     whose edit cannot be made falls back to ``plan.fallback``; ``plan.alternatives`` whose
-    edits can be made become the fix's alternatives."""
+    edits can be made become the fix's alternatives, except those that change the cause itself
+    (``FixPlan.leads``: a constant FP16 cannot hold), which come first."""
     fix = _build(c, plan, device, site, half_dtype)
     if not fix.edits and plan.fallback is not None:
         fix = _build(c, plan.fallback, device, site, half_dtype)
-    alternatives = tuple(
-        alt for p in plan.alternatives if (alt := _build(c, p, device, site, half_dtype)).edits
-    )
+    built = [
+        (p, alt) for p in plan.alternatives
+        if (alt := _build(c, p, device, site, half_dtype)).edits
+    ]
+    alternatives = tuple(alt for p, alt in built if not p.leads)
     wider: list[Fix] = []
     if plan.region and fix.edits and half_dtype is None:
         # The region's result may still be beyond the format's range when it leaves the
@@ -97,6 +100,10 @@ def build_fix(
     if not fix.edits and wider:  # no narrow edit could be made: the wider one leads
         fix, wider = wider[0], wider[1:]
     alternatives = (*wider, *alternatives)
+    leads = [alt for p, alt in built if p.leads]
+    if leads:  # the change of the cause itself comes first, the regions after it
+        alternatives = (*leads[1:], *(f for f in (fix, *alternatives) if f.edits))
+        fix = leads[0]
     return replace(fix, alternatives=alternatives) if alternatives else fix
 
 

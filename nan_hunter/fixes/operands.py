@@ -316,9 +316,16 @@ def _call_operands(call: ast.Call, n: int, method: bool) -> list[ast.expr]:
 
 
 def _aug_assign_edits(
-    source: SourcePositions, stmt: ast.AugAssign, symbol: str
+    source: SourcePositions,
+    stmt: ast.AugAssign,
+    symbol: str,
+    numbers: Mapping[str, bool],
+    value_uncast: bool = False,
 ) -> list[TextEdit] | None:
-    """``x @= w`` -> ``x = x.float() @ w.float()`` (an in-place op cannot hold FP32)."""
+    """``x @= w`` -> ``x = x.float() @ w.float()`` (an in-place op cannot hold FP32). The
+    value is left as it is when it is not a low-precision tensor (``value_uncast``: the trace
+    saw a Python number or an FP32 tensor there), nor a number by its source: ``h *= self.scale``
+    -> ``h = h.float() * self.scale``, never ``self.scale.float()`` on a float."""
     target = stmt.target
     if not isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)):
         return None
@@ -333,8 +340,10 @@ def _aug_assign_edits(
     start = target_end + at
     replacement = f"= {source.segment(target)}.float() {symbol}"
     value = stmt.value
+    if value_uncast:
+        return [TextEdit(start, start + len(symbol) + 1, replacement)]
     if isinstance(value, ATOMIC_OPERANDS) or _is_constant(value):
-        cast = upcast_operand(source, value)
+        cast = upcast_operand(source, value, numbers=numbers)
         return [TextEdit(start, start + len(symbol) + 1, replacement), *cast]
     # ``x *= w + 1`` -> ``x = x.float() * (w.float() + 1)``: the value keeps its precedence.
     # Of two insertions at one offset, the later one in this list lands before the earlier
@@ -344,7 +353,7 @@ def _aug_assign_edits(
     return [
         TextEdit(start, start + len(symbol) + 1, replacement),
         TextEdit(value_end, value_end, ")"),
-        *upcast_operand(source, value),
+        *upcast_operand(source, value, numbers=numbers),
         TextEdit(value_start, value_start, "("),
     ]
 
@@ -370,10 +379,13 @@ def upcast_edits(
     node = find_op_node(stmt, line, op_name, torch_names, fallback)
     if node is None:
         return None
+    numbers = dict.fromkeys(python_numbers(tree, line), True)
     if isinstance(node, ast.AugAssign):
         operator = binary_operator(op_name)
         assert operator is not None
-        return _aug_assign_edits(source, node, operator[1])
+        # one traced tensor operand: the value is a Python number (``self.scale = d ** 0.5``)
+        value_uncast = 1 in uncast_operands or n_tensor_operands == 1
+        return _aug_assign_edits(source, node, operator[1], numbers, value_uncast)
     if isinstance(node, ast.BinOp):
         operands = [node.left, node.right]
     else:
@@ -386,7 +398,6 @@ def upcast_edits(
             and root_name(func.value) not in module_names | torch_names
         )
         operands = _call_operands(node, n_tensor_operands, method)
-    numbers = dict.fromkeys(python_numbers(tree, line), True)
     return [
         edit
         for i, operand in enumerate(operands)

@@ -45,6 +45,9 @@ def python_numbers(tree: ast.Module, line: int) -> set[str]:
                     parameters.add(arg.arg)
     for scope in scopes:
         nodes = scope.body if isinstance(scope, ast.Module) else ast.walk(scope)
+        # an attribute set in another method of the class (``self.eps = eps`` in __init__):
+        # that method's number parameters count where it is set
+        local = _number_parameters_by_line(scope) if isinstance(scope, ast.ClassDef) else {}
         for node in nodes:
             if isinstance(node, ast.Assign):
                 targets, value = node.targets, node.value
@@ -52,7 +55,8 @@ def python_numbers(tree: ast.Module, line: int) -> set[str]:
                 targets, value = [node.target], node.value
             else:
                 continue
-            is_number = is_number_expr(value, kinds)
+            known = {**local.get(node.lineno, {}), **kinds}
+            is_number = is_number_expr(value, known)
             for target in targets:
                 name = dotted_name(target)
                 if name is not None and (isinstance(scope, ast.Module) or name.startswith(
@@ -60,6 +64,23 @@ def python_numbers(tree: ast.Module, line: int) -> set[str]:
                 ):
                     kinds[name] = kinds.get(name, True) and is_number
     return {name for name, number in kinds.items() if number and name not in parameters}
+
+
+def _number_parameters_by_line(cls: ast.ClassDef) -> dict[int, dict[str, bool]]:
+    """Per line of each method of ``cls``: that method's parameters the signature says are
+    numbers (``def __init__(self, eps=1e-8)``, ``d: int``)."""
+    out: dict[int, dict[str, bool]] = {}
+    for method in cls.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        numbers = {
+            arg.arg: True
+            for arg, default in _parameters_with_defaults(method.args)
+            if _is_number_parameter(arg, default)
+        }
+        for line in range(method.lineno, (method.end_lineno or method.lineno) + 1):
+            out[line] = numbers
+    return out
 
 
 def _parameters_with_defaults(

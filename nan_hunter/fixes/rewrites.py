@@ -194,18 +194,30 @@ def _named_constants(tree: ast.Module, line: int, value: float) -> set[str]:
 
 
 def scalar_literal(path: Path, line: int, value: float, new_literal: str) -> str | None:
-    """The number equal to ``value`` on ``line`` (an eps) written as ``new_literal``."""
+    """The number equal to ``value`` on ``line`` (an eps) written as ``new_literal``; when the
+    line names it instead (an attribute, a parameter's default, a module constant), the one
+    literal of the file equal to ``value``."""
     parsed = _parse(path)
     if parsed is None:
         return None
     text, tree, source = parsed
     for node in _on_line(tree, line):
-        if isinstance(node, ast.Constant) and type(node.value) is float and _same(
-            node.value, value
-        ):
+        if _is_number(node, value):
             start, end = source.span(node)
             return _replace(text, [(start, end, new_literal)])
-    return None
+    # bound elsewhere: ``self.eps = 1e-8``, ``def __init__(self, eps=1e-8)``, ``EPS = 1e-8``;
+    # only when the file writes that number once (another 1e-8 may be something else)
+    found = [node for node in ast.walk(tree) if _is_number(node, value)]
+    if len(found) != 1:
+        return None
+    start, end = source.span(found[0])
+    return _replace(text, [(start, end, new_literal)])
+
+
+def _is_number(node: ast.AST, value: float) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is float and _same(
+        node.value, value
+    )
 
 
 def bce_with_logits(path: Path, line: int) -> str | None:

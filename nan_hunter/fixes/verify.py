@@ -28,7 +28,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
-from nan_hunter.findings import Finding, Fix, Report, SourceLocation
+from nan_hunter.findings import (
+    LOSS_RTOL,
+    Applicability,
+    Finding,
+    Fix,
+    Report,
+    SourceLocation,
+)
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.fixes.grouping import Key, PendingFix, code_of, verify_groups, worth_probing
@@ -52,6 +59,8 @@ class Verdict:
     op_still_fails: bool = False
     """The re-scan has an error at the fixed op itself (a failure of this fix alone, when it
     was re-scanned with independent fixes: see ``nan_hunter.fixes.grouping``)."""
+    fp32_loss_change: float | None = None
+    """The patched model's FP32 loss relative to the original's (``fp32_loss_change``)."""
 
 
 def verify_fixes(
@@ -81,7 +90,9 @@ def verify_fixes(
             c.key: c
             for finding, alts in alternatives
             if finding.fix is not None
-            and not (finding.fix.edits and cache[_key(finding.fix, finding)].verified)
+            and not (finding.fix.edits and _taken_by_default(
+                finding.fix, cache[_key(finding.fix, finding)]
+            ))
             for c in alts
             if c.key not in cache
         }
@@ -172,14 +183,25 @@ def _verified(
         if key not in cache:
             cache[key] = verify_fix(fix, finding, report, rescan, entry)
         verdict = cache[key]
-        fix = replace(fix, verified=verdict.verified, remaining=verdict.remaining)
-    if verdict is not None and verdict.verified:
-        # Alternatives are only for a fix that is not verified: none are tried or shown.
+        fix = replace(fix, verified=verdict.verified, remaining=verdict.remaining,
+                      fp32_loss_change=verdict.fp32_loss_change)
+    if verdict is not None and _taken_by_default(fix, verdict):
+        # Alternatives are only for a fix the defaults do not take (not verified, or unsafe
+        # with a measured change beyond the tolerance): none are tried or shown.
         return replace(fix, alternatives=())
     alternatives = tuple(
         _verified(alt, finding, report, rescan, entry, cache) for alt in fix.alternatives
     )
     return replace(fix, alternatives=alternatives)
+
+
+def _taken_by_default(fix: Fix, verdict: Verdict) -> bool:
+    """Whether ``--fix`` without ``--unsafe-fixes`` takes ``fix`` once ``verdict`` is known:
+    verified, and safe or measured harmless (``Fix.measured_harmless``)."""
+    judged = replace(fix, verified=verdict.verified, fp32_loss_change=verdict.fp32_loss_change)
+    return verdict.verified and (
+        judged.applicability is Applicability.SAFE or judged.measured_harmless
+    )
 
 
 def verify_fix(
@@ -224,11 +246,19 @@ def judge(
     if changed is not None:
         verified = False
         remaining.append(changed)
-    return Verdict(verified, tuple(remaining), still_fails)
+    return Verdict(verified, tuple(remaining), still_fails, fp32_loss_change(before, after))
 
 
-LOSS_RTOL = 0.05
-"""How far the patched model's loss may be from the original's FP32 loss (relative)."""
+def fp32_loss_change(before: Report, after: Report) -> float | None:
+    """The patched model's FP32 loss relative to the original model's FP32 loss: how much the
+    patch changes what the model computes, rounding aside (0 for a region that only computes
+    in FP32; a larger eps moves it). None when either is not known or not finite."""
+    ref, got = before.reference_loss, after.reference_loss
+    if ref is None or got is None or not (ref.finite and got.finite):
+        return None
+    if ref.max is None or got.max is None:
+        return None
+    return (got.max - ref.max) / max(abs(ref.max), 1e-3)
 
 
 def loss_change(before: Report, after: Report) -> str | None:

@@ -10,10 +10,10 @@ over the source. Verification happens before, in the scan (``nan_hunter.fixes.ve
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nan_hunter.findings import Finding, Report
+from nan_hunter.findings import Finding, Fix, Phase, Report
 from nan_hunter.fixes.edits import patch_files
 from nan_hunter.fixes.select import select_fixes
 from nan_hunter.loader import forget_stale_modules
@@ -30,6 +30,9 @@ class Applied:
     fixed: tuple[Finding, ...]
     skipped: tuple[tuple[Finding, str], ...]
     backup: Path | None
+    passed_over: tuple[tuple[Finding, Fix], ...] = ()
+    """Verified unsafe fixes ranked first for a finding fixed here by a safe one: the cheaper
+    change ``--unsafe-fixes`` would have taken (``Selection.passed_over``)."""
 
 
 def apply_fixes(
@@ -76,11 +79,15 @@ def apply_fixes(
         backed_up.update(path for path, saved in written.items() if saved is not None)
     if written:  # a later scan in this process imports the project as written now
         forget_stale_modules(shared_root(list(written)))
+    passed: dict[Path, list[tuple[Finding, Fix]]] = {}
+    for finding, fix in selection.passed_over:
+        passed.setdefault(Path(fix.file or report.target.file), []).append((finding, fix))
     results = []
     for path in sorted(set(fixed) | set(skipped)):
         results.append(
             Applied(path, tuple(dict.fromkeys(fixed.get(path, []))),
-                    tuple(skipped.get(path, [])), written.get(path))
+                    tuple(skipped.get(path, [])), written.get(path),
+                    tuple(passed.get(path, [])))
         )
     return results
 
@@ -109,6 +116,20 @@ class FixAllResult:
     """Why the rounds ended: ``clean``, or what kept them from going on."""
 
 
+def first_causes(report: Report, *, unsafe: bool = False) -> Report:
+    """``report`` without its backward errors when a forward error gets a fix: one cause, one
+    fix. A backward origin downstream of a forward overflow is often that overflow's
+    consequence (its gradients meet the inf the forward made); fixed in the same round, it
+    gets a fix of its own it does not need (under ``model.half()``, the whole model kept in
+    FP32). ``--fix-all`` fixes the forward first and re-scans: what is left is then a cause
+    of its own."""
+    fixed = select_fixes(report, unsafe=unsafe).chosen
+    if not any(f.is_error and f.phase is Phase.FORWARD for f, _ in fixed):
+        return report
+    kept = tuple(f for f in report.findings if not (f.is_error and f.phase is Phase.BACKWARD))
+    return replace(report, findings=kept)
+
+
 def fix_all(
     path: Path,
     scan: Scan,
@@ -118,7 +139,8 @@ def fix_all(
     backup: bool = True,
 ) -> FixAllResult:
     """Scan, fix, and again, until no error remains, nothing more can be fixed, a round
-    changes nothing, or ``rounds`` rounds have run."""
+    changes nothing, or ``rounds`` rounds have run. A round fixes the forward errors before
+    the backward ones (``first_causes``)."""
     done: list[Round] = []
     report = scan(path)
     seen_edits: set[object] = set()
@@ -131,19 +153,20 @@ def fix_all(
         if number > rounds:
             stopped = f"{rounds} round(s) ran and errors remain"
             break
-        selection = select_fixes(report, unsafe=unsafe)
+        causes = first_causes(report, unsafe=unsafe)
+        selection = select_fixes(causes, unsafe=unsafe)
         edits = frozenset(selection.edits)
         if not edits:
             reasons = "; ".join(f"{f.code}: {why}" for f, why in selection.skipped) or "none"
             stopped = f"no fix left to apply ({reasons})"
             done.append(Round(number, report, tuple(apply_fixes(
-                report, unsafe=unsafe, backup=backup, backed_up=backed_up))))
+                causes, unsafe=unsafe, backup=backup, backed_up=backed_up))))
             break
         if edits in seen_edits:
             stopped = "a round would repeat an earlier round's edits"
             break
         seen_edits.add(edits)
-        applied = apply_fixes(report, unsafe=unsafe, backup=backup, backed_up=backed_up)
+        applied = apply_fixes(causes, unsafe=unsafe, backup=backup, backed_up=backed_up)
         done.append(Round(number, report, tuple(applied)))
         report = scan(path)
     return FixAllResult(tuple(done), report, stopped)

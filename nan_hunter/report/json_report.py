@@ -39,6 +39,7 @@ def _fix(fix: Fix) -> dict[str, Any]:
         "file": display_path(fix.file) if fix.file else None,
         "verified": fix.verified,
         "remaining": list(fix.remaining),
+        "fp32_loss_change": fix.fp32_loss_change,
         "edits": [
             {"file": display_path(e.file), "start": e.start, "end": e.end,
              "replacement": e.replacement}

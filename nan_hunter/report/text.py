@@ -17,7 +17,15 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.text import Text
 
-from nan_hunter.findings import Finding, Fix, Phase, Report, Severity
+from nan_hunter.findings import (
+    Applicability,
+    Finding,
+    Fix,
+    Phase,
+    Report,
+    Severity,
+    loss_change_text,
+)
 from nan_hunter.precision.scale_window import scale_advice
 from nan_hunter.ranges import RangeMap
 from nan_hunter.report.headroom import (
@@ -269,6 +277,8 @@ def _wrapped(console: Console, head: Text, body: Text) -> None:
 
 def _fix_status(fix: Fix) -> str:
     status = fix.applicability.value
+    if fix.applicability is Applicability.UNSAFE and fix.fp32_loss_change is not None:
+        status = f"{status}, measured: {loss_change_text(fix.fp32_loss_change)}"
     if fix.verified is True:
         return f"{status}, verified by re-scan"
     if fix.verified is False:

@@ -41,11 +41,15 @@ y = x / denom                                 # 0 / 0 -> NaN where m == 0
 ```
 
 ## Fix
-Compute the guarded expression in FP32, or use an eps FP16 can hold (>= 6.1e-5, FP16's smallest
-normal: `1e-4`, or `torch.finfo(x.dtype).tiny`). The patch wraps the eps statement and the
-culprit in an autocast-disabled region with `.float()` operands (safe: the FP32 numerics are
-kept); as an alternative it writes the eps as `1e-4` (unsafe: it changes the numerics, so only
-with `--unsafe-fixes`). When the true gradient of `x / eps` cannot fit FP16 (NH401 after the
+Use an eps FP16 can hold (>= 6.1e-5, FP16's smallest normal: `1e-4`), or compute the guarded
+expression in FP32. The constant is the cause, so its change comes first: the patch writes the
+eps as `1e-4` where the number is written (the line itself, or the one place the file writes
+it: `self.eps = 1e-8`, a default `eps=1e-8`). That is unsafe (it changes the numerics): the
+verification measures by how much the FP32 loss moves, and `--fix`/`--fix-all` take it without
+`--unsafe-fixes` when that is within the verification's 5% (the report says "unsafe, measured:
+FP32 loss changes by 0.02%"). Otherwise they take the next fix: an autocast-disabled region
+around the eps statement and the culprit with `.float()` operands (safe: the FP32 numerics are
+kept), grown when needed. When the true gradient of `x / eps` cannot fit FP16 (NH401 after the
 region), only the larger eps fixes the model.
 """
 
@@ -81,6 +85,7 @@ region), only the larger eps fixes the model.
                     title=f"Use an eps {c.fmt.name} can hold: {SAFE_EPS} instead of "
                     f"{format_number(eps)} (changes the numerics)",
                     applicability=Applicability.UNSAFE,
+                    leads=True,
                     rewrite="scalar",
                     rewrite_line=where.line,
                     value=eps,

@@ -65,6 +65,12 @@ class FixPlan:
     """The plan to use when this one's edit cannot be made."""
     alternatives: tuple[FixPlan, ...] = ()
     """Further fixes, usually less safe, offered with this one."""
+    leads: bool = False
+    """An alternative that changes the cause itself (an eps FP16 flushes to 0, a constant it
+    cannot hold): it comes before the plan it is an alternative of. An FP32 region around a
+    norm used throughout the network is AMP off for the model; the constant is the change the
+    cause calls for. Usually unsafe: its verification measures by how much it changes the
+    FP32 loss, and the defaults take it when that is within the tolerance."""
 
 
 class Rule:
