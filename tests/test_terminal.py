@@ -121,6 +121,7 @@ def test_scan_announces_its_passes() -> None:
         "float16 autocast pass + backward",
         "unscaled backward for the loss-scale window",  # the fixed model's backward runs
         "backward at GradScaler's backed-off 2**10",
+        "FP32 loss of the model",  # the fixed model's FP32 loss: what the fix changes
     ]
 
 
@@ -226,6 +227,7 @@ def test_cli_progress_shows_passes_and_fix_verification(monkeypatch: pytest.Monk
         "float16 autocast pass + backward",
         "unscaled backward for the loss-scale window",
         "backward at GradScaler's backed-off 2**10",
+        "FP32 loss of the model",
     ]
     shown.clear()
     assert invoke("scan", str(EXAMPLES / "matrix_inverse.py"), "--quiet")[0] == 1
