@@ -34,6 +34,7 @@ from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.precision.heap import large_blocks_from_heap
 from nan_hunter.precision.loss_scale import back_off
 from nan_hunter.precision.replay import fp32_context
+from nan_hunter.precision.work import precision_work
 from nan_hunter.progress import announce
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
 from nan_hunter.runner import PassResult, PassRunner, run_pass
@@ -178,6 +179,7 @@ def _scan_target(target: Target, settings: Settings) -> Report:
         loss_scale=window,
         reference_loss=ref.loss if ref is not None else None,
         range_map=build_range_map(low.events, low.grad_events, fmt, scale),
+        precision=precision_work(low.events),
     )
 
 

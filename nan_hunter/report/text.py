@@ -270,7 +270,8 @@ def _wrapped(console: Console, head: Text, body: Text) -> None:
 def _fix_status(fix: Fix) -> str:
     status = fix.applicability.value
     if fix.verified is True:
-        return f"{status}, verified by re-scan"
+        cost = f"; {fix.cost.render()}" if fix.cost is not None else ""
+        return f"{status}, verified by re-scan{cost}"
     if fix.verified is False:
         failed = fix.remaining and fix.remaining[0].startswith("the re-scan failed")
         return f"{status}, NOT verified: {'the re-scan failed' if failed else 'see after fix'}"
