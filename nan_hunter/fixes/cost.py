@@ -133,9 +133,11 @@ def _ranges(fix: Fix) -> dict[object, list[tuple[int, int]]]:
 def choose(fix: Fix) -> Fix:
     """A finding's fix after its search (``fix`` and its alternatives carrying their
     verdicts): the best verified candidate with edits first, the other verified ones after it
-    in rank order; the candidates refuted or not tried are left out once one is verified (as
-    a verified fix never showed alternatives). Nothing verified: ``fix`` as it was. A fix
-    without edits (advice) stays first: only its alternatives are ordered."""
+    in rank order. Candidates refuted or not tried are left out once one is verified (a
+    verified fix never showed alternatives), except refuted ones safer than the chosen one:
+    they stay first, so that ``--fix`` without ``--unsafe-fixes`` says why no safe fix was
+    taken. Nothing verified: ``fix`` as it was. A fix without edits (advice) stays first: only
+    its alternatives are ordered."""
     if not fix.edits:
         verified = sorted((a for a in fix.alternatives if a.verified), key=rank)
         if not verified:
@@ -143,8 +145,15 @@ def choose(fix: Fix) -> Fix:
         return replace(fix, alternatives=(*verified, *(
             a for a in fix.alternatives if not a.verified
         )))
-    candidates = [replace(fix, alternatives=()), *fix.alternatives]
+    candidates = [replace(fix, alternatives=()), *_flat(fix.alternatives)]
     verified = sorted((c for c in candidates if c.edits and c.verified), key=rank)
     if not verified:
         return fix
-    return replace(verified[0], alternatives=tuple(verified[1:]))
+    safer = [c for c in candidates if c.verified is False and safety(c) < safety(verified[0])]
+    ordered = [*safer, *verified]
+    return replace(ordered[0], alternatives=tuple(ordered[1:]))
+
+
+def _flat(fixes: Sequence[Fix]) -> list[Fix]:
+    """Fixes and their alternatives, depth first, each without alternatives."""
+    return [g for f in fixes for g in (replace(f, alternatives=()), *_flat(f.alternatives))]

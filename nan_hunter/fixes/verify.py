@@ -125,9 +125,8 @@ class _Search:
     def __init__(self, finding: Finding) -> None:
         assert finding.fix is not None
         self.finding = finding
-        fixes = [finding.fix, *finding.fix.alternatives]
         self.candidates = [
-            PendingFix(_key(f, finding), finding, f) for f in fixes if f.edits
+            PendingFix(_key(f, finding), finding, f) for f in _ladder(finding.fix) if f.edits
         ]
 
     def next(self, cache: Mapping[Key, Verdict]) -> PendingFix | None:
@@ -143,6 +142,11 @@ class _Search:
                 continue  # its region holds a verified one's: it cannot cost less
             return c
         return None
+
+
+def _ladder(fix: Fix) -> list[Fix]:
+    """``fix`` and its alternatives (and theirs), depth first: the order they are tried in."""
+    return [fix, *(f for alt in fix.alternatives for f in _ladder(alt))]
 
 
 def _with_verdicts(fix: Fix, finding: Finding, cache: Mapping[Key, Verdict]) -> Fix:
