@@ -14,11 +14,24 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from nan_hunter.api import scan_file
-from nan_hunter.findings import Applicability, Edit, Finding, Fix, FixCost, Report
+from nan_hunter.findings import (
+    Applicability,
+    Edit,
+    Finding,
+    Fix,
+    FixCost,
+    Kind,
+    Phase,
+    Report,
+    ScanTarget,
+    Severity,
+)
 from nan_hunter.fixes.cost import choose, covers
-from nan_hunter.fixes.verify import verify_fix
+from nan_hunter.fixes.verify import MAX_RESCANS, verify_fix, verify_fixes
+from nan_hunter.location import SourceLocation
 from nan_hunter.report import render
 from nan_hunter.trace.flops import matmul_flops
+from nan_hunter.trace.summary import TensorStats
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EINSUM = FIXTURES / "fx_einsum_beside_linear.py"
@@ -180,3 +193,41 @@ def test_a_safe_refuted_candidate_stays_before_an_unsafe_verified_one() -> None:
     eps = _fix("eps", 2, 0.0, applicability=Applicability.UNSAFE)
     chosen = choose(replace(region, alternatives=(eps,)))
     assert [f.title for f in (chosen, *chosen.alternatives)] == ["region", "eps"]
+
+
+def _ladder_of(path: Path, n: int) -> Finding:
+    """A finding whose fix has ``n`` candidates, one per line of ``path``."""
+    lines = path.read_text().splitlines(keepends=True)
+    offsets = [sum(len(line) for line in lines[:i]) for i in range(len(lines) + 1)]
+    fixes = [
+        Fix(f"candidate {i}", Applicability.SAFE,
+            (Edit(str(path), offsets[i], offsets[i + 1], f"x{i} = -{i}\n"),), diff=f"+{i}\n")
+        for i in range(n)
+    ]
+    return Finding(
+        code="NH102", severity=Severity.ERROR, kind=Kind.OVERFLOW, phase=Phase.FORWARD,
+        op="torch.matmul", module="block", location=SourceLocation(str(path), 1, "x0 = 0"),
+        origin=True, message="overflow", fix=replace(fixes[0], alternatives=tuple(fixes[1:])),
+    )
+
+
+def test_a_findings_search_stops_after_six_rescans(tmp_path: Path) -> None:
+    """Eight candidates, none verifying (the loss stays non-finite): six re-scans, the last
+    two candidates left untried (``verified`` None)."""
+    path = tmp_path / "model.py"
+    path.write_text("".join(f"x{i} = {i}\n" for i in range(8)))
+    finite = TensorStats((), "float32", 1, min=1.0, max=1.0, abs_max=1.0)
+    report = Report(
+        ScanTarget(str(path), "autocast", "float16", "cpu", "cuda"), (_ladder_of(path, 8),),
+        1, 0, 0, 0.0, reference_loss=finite,
+    )
+    rescans: list[Path] = []
+
+    def rescan(entry: Path) -> Report:
+        rescans.append(entry)
+        return replace(report, findings=(), loss=TensorStats((), "float32", 1, nan=1))
+
+    fix = verify_fixes(report, rescan, path).findings[0].fix
+    assert fix is not None
+    assert len(rescans) == MAX_RESCANS == 6
+    assert [f.verified for f in (fix, *fix.alternatives)] == [False] * 6 + [None] * 2
