@@ -8,6 +8,11 @@ median and worst over all of them.
 
     python benchmarks/fix_search_cost.py            # tests/fixtures/fx_*.py + examples/*.py
     python benchmarks/fix_search_cost.py --json     # one JSON object, for a note or a plot
+    python benchmarks/fix_search_cost.py --ladder   # as before issue 36: the first rung that
+                                                    # verifies, no op-alone candidate
+
+Beside the re-scans, each fixed finding's chosen fix's cost: the share of the model's
+matmul/conv FLOPs (and elementwise work) it moves to FP32 (``nan_hunter.fixes.cost``).
 
 A re-scan's cost is about one scan (``benchmarks/verification.py`` times them); the count is the
 figure that grows with the search, so it is what this reports.
@@ -27,6 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import nan_hunter.fixes.build as build  # noqa: E402
+import nan_hunter.fixes.cost as cost  # noqa: E402
 import nan_hunter.fixes.verify as verify  # noqa: E402
 from nan_hunter.api import scan_file  # noqa: E402
 from nan_hunter.config import load_settings  # noqa: E402
@@ -52,6 +59,28 @@ def counted_rescans() -> Iterator[list[int]]:
         verify.overlay = original  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def first_rung() -> Iterator[None]:
+    """The search before issue 36: no op-alone candidate, the first candidate that verifies
+    (in ladder order) kept, nothing tried after it."""
+    saved = build._op_alone, verify.covers, cost.rank
+    build._op_alone = lambda *args, **kwargs: None  # type: ignore[assignment]
+    verify.covers = lambda wider, narrower: True  # type: ignore[assignment]
+    cost.rank = lambda fix: (cost.safety(fix), 0.0, 0.0, 0)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        build._op_alone, verify.covers, cost.rank = saved  # type: ignore[assignment]
+
+
+def _chosen_cost(fix: Any) -> tuple[float, float] | None:
+    chosen = next((f for f in (fix, *fix.alternatives) if f.verified and f.edits), None)
+    if chosen is None or chosen.cost is None:
+        return None
+    return (round(chosen.cost.added_matmul_share, 4),
+            round(chosen.cost.added_elementwise_share, 4))
+
+
 def measure(path: Path, mode: str) -> dict[str, Any] | None:
     with counted_rescans() as count:
         try:
@@ -67,17 +96,22 @@ def measure(path: Path, mode: str) -> dict[str, Any] | None:
         "findings": len(fixable),
         "rescans": count[0],
         "per_finding": count[0] / len(fixable),
+        "costs": [_chosen_cost(f.fix) for f in fixable],
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--ladder", action="store_true", help="the search before issue 36")
+    parser.add_argument("--only", help="files whose name contains this")
     args = parser.parse_args()
     files = sorted((ROOT / "tests" / "fixtures").glob("fx_*.py")) + sorted(
         (ROOT / "examples").glob("*.py")
     )
-    rows = [r for f in files for mode in ("autocast", "half") if (r := measure(f, mode))]
+    files = [f for f in files if args.only is None or args.only in f.name]
+    with first_rung() if args.ladder else contextlib.nullcontext():
+        rows = [r for f in files for mode in ("autocast", "half") if (r := measure(f, mode))]
     per = [r["per_finding"] for r in rows]
     summary = {
         "models": len(rows),
@@ -89,8 +123,12 @@ def main() -> int:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
         return 0
     for r in rows:
+        costs = ", ".join(
+            "-" if c is None else f"{c[0] * 100:.1f}%/{c[1] * 100:.1f}%" for c in r["costs"]
+        )
         print(f"{r['file']:45s} {r['mode']:8s} findings {r['findings']}  re-scans "
-              f"{r['rescans']:2d}  per finding {r['per_finding']:.1f}")
+              f"{r['rescans']:2d}  per finding {r['per_finding']:.1f}  moved to FP32 "
+              f"(matmul/elementwise) {costs}")
     print(f"\n{summary['models']} scans with a fixable error: re-scans per finding median "
           f"{summary['median_per_finding']:.1f}, worst {summary['worst_per_finding']:.1f} "
           f"({summary['worst']})")

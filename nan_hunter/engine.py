@@ -36,6 +36,7 @@ from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.precision.heap import large_blocks_from_heap
 from nan_hunter.precision.loss_scale import back_off, largest_finite
 from nan_hunter.precision.replay import fp32_context
+from nan_hunter.precision.work import precision_work
 from nan_hunter.progress import announce
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
 from nan_hunter.runner import PassResult, PassRunner, run_pass
@@ -201,6 +202,7 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
         loss_scale=window,
         reference_loss=reference.loss if reference is not None else None,
         range_map=build_range_map(low.events, low.grad_events, fmt, scale),
+        precision=precision_work(low.events),
     )
 
 

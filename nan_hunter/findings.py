@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from nan_hunter.location import SourceLocation
 from nan_hunter.precision.scale_window import ScaleWindow
+from nan_hunter.precision.work import PrecisionWork
 from nan_hunter.ranges import RangeMap
 from nan_hunter.trace.summary import TensorStats
 
@@ -84,6 +85,58 @@ class Edit:
 
 
 @dataclass(frozen=True)
+class FixCost:
+    """How much of the model a fix moves to FP32, measured in its verifying re-scan.
+
+    Shares of the forward's work in FP32 after the fix and in the original scan
+    (``nan_hunter.precision.work``): the matmul/conv FLOPs, and the values the other ops
+    write. What counts is the increase: autocast keeps some ops in FP32 by policy anyway."""
+
+    fp32_matmul_share: float
+    fp32_elementwise_share: float
+    baseline_matmul_share: float
+    baseline_elementwise_share: float
+    shared: bool = False
+    """Measured in one re-scan with other, independent fixes: the increase in the modules of
+    this fix's finding (and those holding them) is counted as this fix's."""
+    low_precision: str = "FP16"
+    """The format the rest of the model runs in (``FP16``, ``BF16``)."""
+
+    @property
+    def added_matmul_share(self) -> float:
+        """The share of matmul/conv FLOPs the fix moves from low precision to FP32."""
+        return max(self.fp32_matmul_share - self.baseline_matmul_share, 0.0)
+
+    @property
+    def added_elementwise_share(self) -> float:
+        return max(self.fp32_elementwise_share - self.baseline_elementwise_share, 0.0)
+
+    @property
+    def rank(self) -> tuple[float, float]:
+        """Cheaper first: matmul/conv FLOPs moved, then elementwise work moved (each rounded
+        to 0.1 point, so that noise in the last digits does not outrank a smaller diff)."""
+        return (round(self.added_matmul_share, 3), round(self.added_elementwise_share, 3))
+
+    @property
+    def most_of_the_model(self) -> bool:
+        """The fix moves more than half of the matmul/conv FLOPs to FP32."""
+        return self.added_matmul_share > 0.5
+
+    def render(self) -> str:
+        """``keeps 98.7% of matmul/conv FLOPs in FP16 (moves 1.3% to FP32; elementwise
+        0.4%)``: what stays in low precision after the fix, and what the fix moved."""
+        kept = (1.0 - self.fp32_matmul_share) * 100
+        text = (f"keeps {kept:.1f}% of matmul/conv FLOPs in {self.low_precision} (moves "
+                f"{self.added_matmul_share * 100:.1f}% to FP32; elementwise "
+                f"{self.added_elementwise_share * 100:.1f}%)")
+        if self.shared:
+            text += " with the fixes verified beside it"
+        if self.most_of_the_model:
+            text += ": most of the model in FP32"
+        return text
+
+
+@dataclass(frozen=True)
 class Fix:
     """What to change, as Ruff has it: edits plus an applicability the rule chose.
 
@@ -103,6 +156,9 @@ class Fix:
     alternatives: tuple[Fix, ...] = ()
     """Other fixes for the same finding, usually less safe (an eps FP16 can hold); the
     selection takes the first one that may be applied."""
+    cost: FixCost | None = None
+    """How much of the model the fix moves to FP32, measured in the re-scan that verified it
+    (None: not re-scanned, or the re-scan did not run)."""
     fp32_loss_change: float | None = None
     """How much the fix changes what the model computes: the FP32 loss of the patched model
     relative to the original's FP32 loss (``0.0002`` is 0.02%), measured by the verification
@@ -285,6 +341,9 @@ class Report:
     when no pass ran: the batch itself was bad)."""
     training: TrainingSteps | None = None
     """``nan-hunter run``: the training steps checked (None for ``scan``)."""
+    precision: PrecisionWork | None = None
+    """How much of the low-precision pass's work ran in FP32, per module (None when no pass
+    ran): a fix's cost is measured against it."""
 
     @property
     def active(self) -> tuple[Finding, ...]:

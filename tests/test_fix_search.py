@@ -763,15 +763,15 @@ def test_ops_taking_a_region_result_beyond_fp16_run_in_fp32_too(
 ) -> None:
     """The Linear on exp's FP32 output (up to 2.7e5) is blamed, and FP32 for it alone does not
     verify: its result is as large, and the op taking it, which autocast runs in FP16,
-    overflows in its place. The search's next step puts that op in FP32 as well, verified."""
+    overflows in its place. The search's next step puts that op in FP32 as well, verified, and
+    it is the finding's fix (the refuted narrow region is not shown)."""
     path = tmp_path / "model.py"
     path.write_text(BEYOND.format(tail=BEYOND_TAILS[tail]), encoding="utf-8")
     finding = _error(scan_file(str(path)))
     assert finding.op == "torch.nn.functional.linear"
     assert finding.fix is not None
-    assert finding.fix.verified is False
     chosen = _chosen(finding.fix)
-    assert chosen is not None, [(f.title, f.remaining) for f in finding.fix.alternatives]
+    assert chosen is finding.fix, [(f.title, f.remaining) for f in finding.fix.alternatives]
     assert "so the float16 ops taking it" in chosen.title
     assert (chosen.diff or "").count("with torch.autocast(") == 2, chosen.diff
 

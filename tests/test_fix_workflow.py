@@ -124,7 +124,7 @@ def test_plain_scan_writes_nothing(tmp_path: Path) -> None:
     result = runner.invoke(app, ["scan", str(path)])
     assert result.exit_code == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == before
-    assert "[safe, verified by re-scan]" in result.stdout
+    assert "[safe, verified by re-scan; keeps" in result.stdout
 
 
 def test_fix_writes_the_file_keeps_a_backup_and_rescans_clean(tmp_path: Path) -> None:

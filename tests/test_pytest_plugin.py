@@ -146,7 +146,7 @@ def test_generated_tests_pass_and_fail_as_expected(
     )
     assert out.count("error[NH1") == 2
     # the plugin's report carries fixes verified by a re-scan of the patched test module
-    assert out.count("[safe, verified by re-scan]") == 2
+    assert out.count("[safe, verified by re-scan;") == 2
     assert "pytest_plugin.py" not in out
     assert "FAILED test_amp.py::test_overflow_fails" in out
     assert "FAILED test_amp.py::test_fixture_overflow" in out

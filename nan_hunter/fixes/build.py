@@ -21,6 +21,7 @@ from nan_hunter.fixes.edits import (
 )
 from nan_hunter.fixes.function_region import build_function_region_patch
 from nan_hunter.fixes.module_region import build_kept_module_patch
+from nan_hunter.fixes.op_region import build_op_region_patch
 from nan_hunter.fixes.rewrites import (
     bce_with_logits,
     custom_function_fp32,
@@ -99,12 +100,56 @@ def build_fix(
         wider.append(whole)
     if not fix.edits and wider:  # no narrow edit could be made: the wider one leads
         fix, wider = wider[0], wider[1:]
+    alone = _op_alone(c, plan, device, site, half_dtype)
+    if alone is not None and fix.edits and alone.edits != fix.edits:
+        # finer than the statement: tried first, the statement region after it
+        fix, wider = alone, [fix, *wider]
     alternatives = (*wider, *alternatives)
     leads = [alt for p, alt in built if p.leads]
     if leads:  # the change of the cause itself comes first, the regions after it
         alternatives = (*leads[1:], *(f for f in (fix, *alternatives) if f.edits))
         fix = leads[0]
     return replace(fix, alternatives=alternatives) if alternatives else fix
+
+
+def _op_alone(
+    c: Candidate,
+    plan: FixPlan,
+    device: str,
+    site: SourceLocation | None,
+    half_dtype: str | None,
+) -> Fix | None:
+    """Autocast: the culprit op taken out of a statement that computes more than it, into an
+    FP32 region of its own (``nan_hunter.fixes.op_region``); its result cast back where its
+    FP32 values fit the format. None where that cannot be made or is the statement region."""
+    if (
+        not plan.region or plan.rewrite or half_dtype is not None or site is None
+        or not c.ref_finite or site is not c.event.location or c.reference is None
+    ):
+        return None
+    path = Path(site.file).resolve()
+    root = project_root(path)
+    fits = all(
+        s.abs_max is not None and s.abs_max <= c.fmt.max for s in c.reference.outputs
+    )
+    patch = build_op_region_patch(
+        path,
+        site.line,
+        c.event.op,
+        len(c.event.inputs),
+        device_type=device,
+        relative_to=root,
+        uncast_operands=frozenset(
+            i for i, s in enumerate(c.event.inputs) if s.dtype not in LOW_PRECISION
+        ),
+        cast_back=fits,
+    )
+    if patch is None:
+        return None
+    back = ", its result cast back" if fits else ""
+    title = (f"Compute {c.event.op} alone in FP32 (autocast disabled for that call only{back}; "
+             f"the rest of its statement stays in {c.fmt.name})")
+    return make_fix(title, plan.applicability, patch.edits, root)
 
 
 def _whole_function(

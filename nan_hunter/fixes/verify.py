@@ -22,20 +22,15 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nan_hunter.errors import NanHunterError
-from nan_hunter.findings import (
-    LOSS_RTOL,
-    Applicability,
-    Finding,
-    Fix,
-    Report,
-    SourceLocation,
-)
+from nan_hunter.findings import LOSS_RTOL, Finding, Fix, FixCost, Report, SourceLocation
+from nan_hunter.fixes.cost import choose, covers, fix_cost, safety, shared_cost
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.fixes.grouping import Key, PendingFix, code_of, verify_groups, worth_probing
@@ -59,83 +54,124 @@ class Verdict:
     op_still_fails: bool = False
     """The re-scan has an error at the fixed op itself (a failure of this fix alone, when it
     was re-scanned with independent fixes: see ``nan_hunter.fixes.grouping``)."""
+    cost: FixCost | None = None
+    """What the re-scan moved to FP32 (``nan_hunter.fixes.cost``)."""
     fp32_loss_change: float | None = None
     """The patched model's FP32 loss relative to the original's (``fp32_loss_change``)."""
+
+
+MAX_RESCANS = 6
+"""The re-scans one finding's search may make (each candidate verified, alone or in a group,
+is one; a group's re-scan counts for each of its findings)."""
 
 
 def verify_fixes(
     report: Report, rescan: Rescan, entry: Path, probe: Probe | None = None
 ) -> Report:
-    """``report`` with ``verified`` and ``remaining`` set on every fix with edits (the fix of
-    each finding and its alternatives). With ``probe``, the findings' own fixes are verified in
-    groups of independent fixes first (one re-scan per group), then, in groups as well, the
-    alternatives of the findings whose own fix is not verified (alternatives are only tried
-    for those, as one at a time)."""
+    """``report`` with every finding's fix searched: its candidates (the fix with edits and
+    its alternatives, finest first) re-scanned in that order, each finding's next one in one
+    round, ``verified``, ``remaining`` and ``cost`` set on those tried, and the least costly
+    verified one kept as the finding's fix (``nan_hunter.fixes.cost.choose``). A finding's
+    search stops when it has made ``MAX_RESCANS`` re-scans or when no candidate left could
+    rank before its best verified one (a less safe one, or one covering a verified one's
+    lines: it cannot cost less). With ``probe``, each round's candidates are verified in
+    groups of independent fixes (one re-scan per group)."""
+    searches = [
+        _Search(finding) for finding in report.findings
+        if finding.fix is not None and (finding.fix.edits or finding.fix.alternatives)
+        and finding.suppression is None
+    ]
     cache: dict[Key, Verdict] = {}
-    primaries = _primaries(report)
-    alternatives = _first_alternatives(report)
-    everything = primaries + [c for _, alts in alternatives for c in alts]
+    spent: Counter[object] = Counter()
+    flow = None
+    everything = list({c.key: c for s in searches for c in s.candidates}.values())
     if probe is not None and worth_probing(everything):
         flow = _dataflow(everything, probe)
 
-        def verify_one(c: PendingFix) -> Verdict:
-            return verify_fix(c.fix, c.finding, report, rescan, entry)
+    def verify_one(c: PendingFix) -> Verdict:
+        spent[_budget_key(c)] += 1
+        return verify_fix(c.fix, c.finding, report, rescan, entry)
 
-        def together(group: Sequence[PendingFix]) -> dict[Key, Verdict] | None:
-            return verify_together(group, report, rescan, entry)
+    def together(group: Sequence[PendingFix]) -> dict[Key, Verdict] | None:
+        for key in {_budget_key(c) for c in group}:
+            spent[key] += 1
+        return verify_together(group, report, rescan, entry)
 
-        cache.update(verify_groups(primaries, flow, verify_one, together))
-        # the alternatives of each finding whose own fix is not verified: in groups too
-        tried = {
-            c.key: c
-            for finding, alts in alternatives
-            if finding.fix is not None
-            and not (finding.fix.edits and _taken_by_default(
-                finding.fix, cache[_key(finding.fix, finding)]
-            ))
-            for c in alts
-            if c.key not in cache
-        }
-        cache.update(verify_groups(list(tried.values()), flow, verify_one, together))
+    while True:
+        pending: dict[Key, PendingFix] = {}
+        for search in searches:
+            if not search.candidates or spent[_budget_key(search.candidates[0])] >= MAX_RESCANS:
+                continue
+            nxt = search.next(cache)
+            if nxt is not None:
+                pending.setdefault(nxt.key, nxt)
+        if not pending:
+            break
+        cache.update(verify_groups(list(pending.values()), flow, verify_one, together))
     findings = []
     for finding in report.findings:
-        fix = finding.fix
-        suppressed = finding.suppression is not None
-        if fix is not None and (fix.edits or fix.alternatives) and not suppressed:
-            fix = _verified(fix, finding, report, rescan, entry, cache)
-            finding = replace(finding, fix=fix)
+        search = next((s for s in searches if s.finding is finding), None)
+        if search is not None and finding.fix is not None:
+            finding = replace(finding, fix=choose(_with_verdicts(finding.fix, finding, cache)))
         findings.append(finding)
     return replace(report, findings=tuple(findings))
 
 
+def _budget_key(c: PendingFix) -> object:
+    return (c.finding.op, c.finding.module, c.finding.location, c.finding.phase)
+
+
+class _Search:
+    """One finding's candidates with edits, in the order they are tried (finest first)."""
+
+    def __init__(self, finding: Finding) -> None:
+        assert finding.fix is not None
+        self.finding = finding
+        self.candidates = [
+            PendingFix(_key(f, finding), finding, f) for f in _ladder(finding.fix) if f.edits
+        ]
+
+    def next(self, cache: Mapping[Key, Verdict]) -> PendingFix | None:
+        """The first candidate not tried yet that could rank before every verified one."""
+        verified = [c for c in self.candidates if c.key in cache and cache[c.key].verified]
+        judged = [_judged(c.fix, cache[c.key]) for c in verified]
+        if any(f.measured_harmless for f in judged):
+            return None  # the cause's own change, measured harmless: it moves nothing to FP32
+        best = min((safety(f) for f in judged), default=None)
+        for c in self.candidates:
+            if c.key in cache:
+                continue
+            if best is not None and safety(c.fix) > best:
+                continue  # less safe than a verified fix: never ranked before it
+            if any(covers(c.fix, v.fix) for v in verified):
+                continue  # its region holds a verified one's: it cannot cost less
+            return c
+        return None
+
+
+def _ladder(fix: Fix) -> list[Fix]:
+    """``fix`` and its alternatives (and theirs), depth first: the order they are tried in."""
+    return [fix, *(f for alt in fix.alternatives for f in _ladder(alt))]
+
+
+def _with_verdicts(fix: Fix, finding: Finding, cache: Mapping[Key, Verdict]) -> Fix:
+    """``fix`` and its alternatives with the verdicts their re-scans gave (none: not tried)."""
+    verdict = cache.get(_key(fix, finding)) if fix.edits else None
+    if verdict is not None:
+        fix = _judged(fix, verdict)
+    return replace(fix, alternatives=tuple(
+        _with_verdicts(alt, finding, cache) for alt in fix.alternatives
+    ))
+
+
+def _judged(fix: Fix, verdict: Verdict) -> Fix:
+    """``fix`` with what its re-scan said."""
+    return replace(fix, verified=verdict.verified, remaining=verdict.remaining,
+                   cost=verdict.cost, fp32_loss_change=verdict.fp32_loss_change)
+
+
 def _key(fix: Fix, finding: Finding) -> Key:
     return (frozenset(fix.edits), finding.op, finding.module)
-
-
-def _primaries(report: Report) -> list[PendingFix]:
-    """Each unsuppressed finding's own fix with edits, once per key, in report order."""
-    out: dict[Key, PendingFix] = {}
-    for finding in report.findings:
-        fix = finding.fix
-        if fix is not None and fix.edits and finding.suppression is None:
-            out.setdefault(_key(fix, finding), PendingFix(_key(fix, finding), finding, fix))
-    return list(out.values())
-
-
-def _first_alternatives(report: Report) -> list[tuple[Finding, list[PendingFix]]]:
-    """Per unsuppressed finding, the alternatives with edits of its fix (first level)."""
-    out = []
-    for finding in report.findings:
-        if finding.fix is None or finding.suppression is not None:
-            continue
-        alts = [
-            PendingFix(_key(alt, finding), finding, alt)
-            for alt in finding.fix.alternatives
-            if alt.edits
-        ]
-        if alts:
-            out.append((finding, alts))
-    return out
 
 
 def _dataflow(candidates: Sequence[PendingFix], probe: Probe) -> Dataflow | None:
@@ -165,43 +201,9 @@ def verify_together(
         verdict = judge(c.finding, report, after, patched)
         others = ", ".join(o.finding.module for o in group if o is not c)
         note = f"re-scanned together with the independent fixes for {others}"
-        verdicts[c.key] = replace(verdict, remaining=(*verdict.remaining, note))
+        cost = shared_cost(report, after, c.finding, [o.finding for o in group if o is not c])
+        verdicts[c.key] = replace(verdict, remaining=(*verdict.remaining, note), cost=cost)
     return verdicts
-
-
-def _verified(
-    fix: Fix,
-    finding: Finding,
-    report: Report,
-    rescan: Rescan,
-    entry: Path,
-    cache: dict[Key, Verdict],
-) -> Fix:
-    verdict = None
-    if fix.edits:
-        key = _key(fix, finding)
-        if key not in cache:
-            cache[key] = verify_fix(fix, finding, report, rescan, entry)
-        verdict = cache[key]
-        fix = replace(fix, verified=verdict.verified, remaining=verdict.remaining,
-                      fp32_loss_change=verdict.fp32_loss_change)
-    if verdict is not None and _taken_by_default(fix, verdict):
-        # Alternatives are only for a fix the defaults do not take (not verified, or unsafe
-        # with a measured change beyond the tolerance): none are tried or shown.
-        return replace(fix, alternatives=())
-    alternatives = tuple(
-        _verified(alt, finding, report, rescan, entry, cache) for alt in fix.alternatives
-    )
-    return replace(fix, alternatives=alternatives)
-
-
-def _taken_by_default(fix: Fix, verdict: Verdict) -> bool:
-    """Whether ``--fix`` without ``--unsafe-fixes`` takes ``fix`` once ``verdict`` is known:
-    verified, and safe or measured harmless (``Fix.measured_harmless``)."""
-    judged = replace(fix, verified=verdict.verified, fp32_loss_change=verdict.fp32_loss_change)
-    return verdict.verified and (
-        judged.applicability is Applicability.SAFE or judged.measured_harmless
-    )
 
 
 def verify_fix(
@@ -217,7 +219,7 @@ def verify_fix(
         after = _mapped_back(after, back)
     except (NanHunterError, OSError) as exc:
         return Verdict(False, (f"the re-scan failed: {exc}",))
-    return judge(finding, report, after, patched)
+    return replace(judge(finding, report, after, patched), cost=fix_cost(report, after))
 
 
 def judge(
@@ -246,7 +248,8 @@ def judge(
     if changed is not None:
         verified = False
         remaining.append(changed)
-    return Verdict(verified, tuple(remaining), still_fails, fp32_loss_change(before, after))
+    return Verdict(verified, tuple(remaining), still_fails,
+                   fp32_loss_change=fp32_loss_change(before, after))
 
 
 def fp32_loss_change(before: Report, after: Report) -> float | None:

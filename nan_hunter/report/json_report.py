@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from nan_hunter.findings import Finding, Fix, OpRef, Report, SourceLocation
+from nan_hunter.findings import Finding, Fix, FixCost, OpRef, Report, SourceLocation
 from nan_hunter.ranges import Extent, OpRange, RangeMap
 from nan_hunter.report.paths import display_path
 from nan_hunter.version import __version__
@@ -46,6 +46,22 @@ def _fix(fix: Fix) -> dict[str, Any]:
             for e in fix.edits
         ],
         "alternatives": [_fix(alt) for alt in fix.alternatives],
+        "cost": _cost(fix.cost),
+    }
+
+
+def _cost(cost: FixCost | None) -> dict[str, Any] | None:
+    if cost is None:
+        return None
+    return {
+        "fp32_matmul_share": cost.fp32_matmul_share,
+        "fp32_elementwise_share": cost.fp32_elementwise_share,
+        "baseline_matmul_share": cost.baseline_matmul_share,
+        "baseline_elementwise_share": cost.baseline_elementwise_share,
+        "added_matmul_share": cost.added_matmul_share,
+        "added_elementwise_share": cost.added_elementwise_share,
+        "shared": cost.shared,
+        "low_precision": cost.low_precision,
     }
 
 

@@ -280,7 +280,8 @@ def _fix_status(fix: Fix) -> str:
     if fix.applicability is Applicability.UNSAFE and fix.fp32_loss_change is not None:
         status = f"{status}, measured: {loss_change_text(fix.fp32_loss_change)}"
     if fix.verified is True:
-        return f"{status}, verified by re-scan"
+        cost = f"; {fix.cost.render()}" if fix.cost is not None else ""
+        return f"{status}, verified by re-scan{cost}"
     if fix.verified is False:
         failed = fix.remaining and fix.remaining[0].startswith("the re-scan failed")
         return f"{status}, NOT verified: {'the re-scan failed' if failed else 'see after fix'}"

@@ -43,6 +43,9 @@ class OpEvent:
     custom_function: bool = False
     """A custom ``autograd.Function``: ``op`` is ``<Name>.apply``, ``location`` the ``def
     backward`` line (its backward is the Function's own code, not a traced op's)."""
+    flops: int = 0
+    """Matmul and convolution FLOPs of the call (``nan_hunter.trace.flops``); 0 for any other
+    op."""
 
     @cached_property
     def inputs_finite(self) -> bool:

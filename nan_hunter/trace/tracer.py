@@ -43,6 +43,7 @@ from nan_hunter.trace.device_queries import (
     query_site,
 )
 from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
+from nan_hunter.trace.flops import matmul_flops
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.op_calls import (
     VIEW_OPS,
@@ -79,6 +80,7 @@ class _OpRecord(NamedTuple):
     failure: PolicyFailure | None
     call_site: SourceLocation | None
     custom_function: bool = False
+    flops: int = 0
 
 
 class OpTracer(TorchFunctionMode):
@@ -176,6 +178,7 @@ class OpTracer(TorchFunctionMode):
                     failure=r.failure,
                     call_site=r.call_site,
                     custom_function=r.custom_function,
+                    flops=r.flops,
                 )
             )
         return self._events
@@ -331,6 +334,8 @@ class OpTracer(TorchFunctionMode):
                 any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
                 failure,
                 call_site,
+                False,
+                matmul_flops(base_name(func), args, kwargs, out_tensors),
             )
         )
         self._watch_backward(out_tensors, index)
