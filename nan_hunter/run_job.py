@@ -15,6 +15,7 @@ frames left out), exit code 1, or death by SIGINT.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import pickle
 import sys
@@ -119,6 +120,7 @@ def run(job: RunJob, args: list[str]) -> int:
     )
     state.watch = watch
     os.register_at_fork(after_in_child=state.forked)
+    _quiet_stops_in_threads(StopRun)
     code: int
     interrupted: KeyboardInterrupt | None = None
     state.files.install()
@@ -196,6 +198,25 @@ def _strip(tb: TracebackType | None) -> TracebackType | None:
     return new
 
 
+def _quiet_stops_in_threads(stop: type[BaseException]) -> None:
+    """A stop raised in a thread of the script ends that thread without a word (threading
+    prints a ``SystemExit`` subclass), as it ends the main thread; another exception in a
+    thread is printed as Python prints it, nan-hunter's frames left out."""
+    import threading
+
+    previous = threading.excepthook
+
+    def excepthook(args: Any) -> None:
+        if isinstance(args.exc_value, stop):
+            return  # the summary line says the script was stopped
+        stripped = _strip(args.exc_traceback)
+        if args.exc_value is not None:
+            args.exc_value.__traceback__ = stripped
+        previous(type(args)((args.exc_type, args.exc_value, stripped, args.thread)))
+
+    threading.excepthook = excepthook
+
+
 def _show(exc: BaseException) -> None:
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
@@ -221,6 +242,7 @@ class _State:
         self.ended_by = ""
         self.first: RunEvent | None = None
         self.started = time.perf_counter()
+        self.started_at = time.time()
         self.files = ScriptFiles([p for p in (job.output, job.patch) if p is not None])
         self.written: list[tuple[str, str]] = []
         """(path, what) of the files written: checked at the end for the script's writes."""
@@ -266,6 +288,10 @@ class _State:
         if self.child:
             return
         self.tell("problem")  # before anything the script could cut short
+        if event.report is not None:
+            event = dataclasses.replace(
+                event, report=edited_since(event.report, self.started_at)
+            )
         if self.first is None:
             self.first = event
         where = self._write(event)
@@ -436,6 +462,39 @@ class _State:
             seconds=time.perf_counter() - self.started,
             training=TrainingSteps(watch.steps, losses_checked=watch.losses_only),
         )
+
+
+def edited_since(report: Report, since: float) -> Report:
+    """``report`` with each finding whose file (its line, its call site, its fix's files) was
+    changed after ``since`` (the run's start, by the file's time) said to be so and without its
+    fix: the traced line numbers are the imported code's, the text read now may be another
+    statement's, and a patch would wrap it."""
+    findings = []
+    changed_any: set[str] = set()
+    for finding in report.findings:
+        files = {loc.file for loc in (finding.location, finding.call_site) if loc is not None}
+        if finding.fix is not None:
+            files.update(e.file for e in finding.fix.edits)
+        changed = sorted(f for f in files if _modified_after(f, since))
+        if changed:
+            changed_any.update(changed)
+            note = (
+                f"{', '.join(_shown_path(f) for f in changed)} changed after the run started: "
+                "the line shown is read from the file as it is now and may hold another "
+                "statement; no fix is offered (run again on the current code)"
+            )
+            finding = dataclasses.replace(finding, fix=None, notes=(*finding.notes, note))
+        findings.append(finding)
+    if not changed_any:
+        return report
+    return dataclasses.replace(report, findings=tuple(findings))
+
+
+def _modified_after(file: str, since: float) -> bool:
+    try:
+        return os.stat(file).st_mtime > since
+    except OSError:
+        return False
 
 
 def _script_file(job: RunJob) -> str:

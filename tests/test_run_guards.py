@@ -359,3 +359,88 @@ def test_a_folder_with_main_runs_as_python_runs_it(tmp_path: Path) -> None:
     assert missing.stderr == (
         f"nan-hunter: error: {tmp_path} is a folder without __main__.py: nothing to run\n"
     )
+
+
+OVERFLOW = """\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h @ h.t()  # culprit: beyond 65504 in float16 at the step whose x is large
+"""
+
+OVERFLOW_LOOP = """\
+import torch
+from models import Net
+
+torch.manual_seed(0)
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+for n in range(1, 6):
+    if n == 2:  # the user edits the model file while it trains
+        with open("models.py") as f:
+            text = f.read()
+        with open("models.py", "w") as f:
+            f.write("# edited\\n# edited\\n" + text)
+    x = torch.rand(4, 4) * (1e3 if n == 3 else 1.0)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x).float().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_a_model_file_edited_during_the_run_gets_no_patch(tmp_path: Path) -> None:
+    (tmp_path / "models.py").write_text(OVERFLOW)
+    (tmp_path / "train.py").write_text(OVERFLOW_LOOP)
+    done = nan_hunter("run", "--patch", "fix.patch", "train.py", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert ours(done.stderr)[0].startswith("nan-hunter: training step 3: the loss is ")
+    assert "models.py changed after the run started: the line shown is read from the file as " \
+           "it is now and may hold another statement; no fix is offered" in done.stderr
+    assert "nan-hunter: no patch to write: no finding has a fix to apply" in ours(done.stderr)
+    assert not (tmp_path / "fix.patch").exists()
+
+
+@pytest.mark.slow
+def test_a_stop_in_a_training_thread_is_quiet_and_holds(tmp_path: Path) -> None:
+    project(tmp_path, """
+        import threading
+
+        def loop():
+            for n in range(1, 6):
+                step(n)
+
+        thread = threading.Thread(target=loop)
+        thread.start()
+        thread.join()
+        print("after the thread")
+        before = model.fc.bias.detach().clone()
+        try:
+            step(6)  # the main thread trains on: the stop holds
+        except SystemExit:
+            print("stopped again")
+        print("changed", not torch.equal(before, model.fc.bias))
+
+        def broken():
+            raise ValueError("the thread's own error")
+
+        failing = threading.Thread(target=broken)
+        failing.start()
+        failing.join()
+    """)
+    done = nan_hunter("run", "--no-verify", "train.py", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "after the thread\nstopped again\nchanged False\n"
+    assert "StopRun" not in done.stderr
+    assert "ValueError: the thread's own error" in done.stderr  # the script's own, as Python
+    assert "nan_hunter" not in done.stderr.split("ValueError")[0].split("Exception in thread")[-1]

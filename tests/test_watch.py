@@ -26,6 +26,8 @@ from nan_hunter.training import (
     run_steps,
     watch,
 )
+from nan_hunter.training.rerun import reaches_parameters
+from nan_hunter.training.watcher import REPLACED_MODEL
 from tests.conftest import EXAMPLES, marker_line
 
 EXAMPLE = EXAMPLES / "training_loop_watch.py"
@@ -690,3 +692,59 @@ def test_output_writes_the_json_report(tmp_path: Any) -> None:
     assert event.origin_rank == 0 and (event.rank, event.world_size) == (0, 1)
     data = json.loads((tmp_path / "nan.json").read_text())
     assert [f["code"] for f in data["findings"]] == ["NH001"]
+
+
+class _Log(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + torch.log(x[:, :1])  # log(0) where x[:, 0] is 0
+
+
+def test_a_model_swapped_in_mid_training_is_not_re_run_as_the_old_one() -> None:
+    """The loop reloads its model (a new object) and goes on with the watcher of the old one:
+    the problem step is recorded, and not re-run on the old model, which did not run it."""
+    torch.manual_seed(0)
+    model = _Log()
+    with watch(model, on_problem="report") as w:
+        for step in range(4):
+            if step == 2:  # "reload": a new model object, the same class
+                model = _Log()
+                model.load_state_dict(w.module.state_dict())
+            x = torch.rand(4, 4) + 1
+            if step == 3:
+                x[:, 0] = 0.0
+            loss = model(x).mean()
+            loss.backward()
+            w.step(x, loss)
+    assert w.problems == 1
+    event = w.reports[0]
+    assert (event.step, event.report) == (3, None)
+    assert event.detail == "the loss is -inf (not scanned: " + REPLACED_MODEL + ")"
+
+
+def test_the_watched_models_own_problem_is_still_re_run() -> None:
+    torch.manual_seed(0)
+    model = _Log()
+    with watch(model, on_problem="report") as w:
+        for step in range(3):
+            x = torch.rand(4, 4) + 1
+            if step == 2:
+                x[:, 0] = 0.0
+            loss = model(x).mean()
+            loss.backward()
+            w.step(x, loss)
+    report = w.reports[0].report
+    assert report is not None
+    assert [(f.code, f.op) for f in report.findings if f.origin] == [("NH301", "torch.log")]
+
+
+def test_reaches_parameters_reads_the_graph_after_its_backward() -> None:
+    model, other = _Log(), _Log()
+    loss = model(torch.rand(2, 4) + 1).mean()
+    loss.backward()
+    assert reaches_parameters(loss, list(model.parameters())) is True
+    assert reaches_parameters(loss, list(other.parameters())) is False
+    assert reaches_parameters(loss.detach(), list(model.parameters())) is None

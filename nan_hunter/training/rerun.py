@@ -250,3 +250,36 @@ def rerun_call(
     batch = Batch(args=call.args, kwargs=call.kwargs, raw=(call.args, call.kwargs))
     loss_fn = OutputGradientLoss(call.grads, scale)
     return scan(replay, batch, loss_fn if loss_fn.usable else None, settings=settings)
+
+
+MAX_GRAPH_NODES = 200_000
+"""The autograd nodes ``reaches_parameters`` looks at before it gives up (None)."""
+
+
+def reaches_parameters(loss: torch.Tensor, params: list[torch.Tensor]) -> bool | None:
+    """Whether the backward graph of ``loss`` reaches one of ``params`` (the watched model's
+    leaves): False when the graph reaches other leaves and none of those; None when there is
+    no graph to read (a detached loss) or it is larger than ``MAX_GRAPH_NODES``. The graph's
+    structure outlives its backward (only the saved tensors are freed), so this reads a loss
+    after ``loss.backward()`` too. Iterative: a graph as deep as the model costs no stack."""
+    root = loss.grad_fn
+    if root is None:
+        return None
+    wanted = {id(p) for p in params}
+    seen: set[int] = set()
+    stack = [root]
+    found = 0
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if len(seen) > MAX_GRAPH_NODES:
+            return None
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found += 1
+            if id(variable) in wanted:
+                return True
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return False if found else None

@@ -74,11 +74,24 @@ from nan_hunter.training.events import (
 )
 from nan_hunter.training.model_copy import unwrap_training_objects
 from nan_hunter.training.pre_step import PreStepCheck
-from nan_hunter.training.rerun import CallKeeper, KeeperHandle, ModelCall, StepPrecision
+from nan_hunter.training.rerun import (
+    CallKeeper,
+    KeeperHandle,
+    ModelCall,
+    StepPrecision,
+    reaches_parameters,
+)
 from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 from nan_hunter.training.watch_rerun import Rerun, StepRerun
 
 log = logging.getLogger("nan_hunter")
+
+
+REPLACED_MODEL = (
+    "the step's loss was not computed from the watched model's parameters (was the model "
+    "replaced, e.g. reloaded? a new model needs its own watch()): the model that ran this "
+    "step is not the one watched, and re-running the watched one would report on another model"
+)
 
 
 class Watcher:
@@ -325,12 +338,12 @@ class Watcher:
             if not any(codes):
                 return None
             return self._distributed_problem(
-                index, problem, codes, batch, used, snapshot, skipped
+                index, problem, codes, batch, used, snapshot, skipped, loss
             )
         if problem is None:
             return None
         self.problems += 1
-        rerun = self._rerun(problem, batch, used, snapshot, skipped, self._full_state())
+        rerun = self._rerun(problem, batch, used, snapshot, skipped, self._full_state(), loss)
         detail = problem.detail + (f" (not scanned: {rerun.why_not})" if rerun.why_not else "")
         event = WatchEvent(
             step=index, reason=problem.reason, report=rerun.report, detail=detail, scale=used,
@@ -347,6 +360,7 @@ class Watcher:
         scale: float | None,
         snapshot: torch.nn.Module | None,
         skipped: bool,
+        loss: torch.Tensor | None = None,
     ) -> WatchEvent:
         """Every rank gets here at the same call: the scanning ranks re-run their step, the
         reports are gathered (on rank 0 or on all), the origin is chosen."""
@@ -363,7 +377,7 @@ class Watcher:
         full_state = self._full_state()  # every rank takes part in the gather, or none does
         if ranks.rank in scanning_ranks(codes):
             try:
-                rerun = self._rerun(problem, batch, scale, snapshot, skipped, full_state)
+                rerun = self._rerun(problem, batch, scale, snapshot, skipped, full_state, loss)
             except Exception as exc:  # the other ranks wait in the gather: never leave it
                 rerun = Rerun(
                     None, f"the re-run failed: {type(exc).__name__}: {first_line(exc)}",
@@ -399,10 +413,13 @@ class Watcher:
         snapshot: torch.nn.Module | None,
         skipped: bool,
         full_state: dict[str, torch.Tensor] | None = None,
+        loss: torch.Tensor | None = None,
     ) -> Rerun:
         if self._scanned >= self.max_reports:
             made = f"max_reports={self.max_reports} already made"
             return Rerun(None, made, snapshot is not None or skipped)
+        if loss is not None and reaches_parameters(loss, self._params) is False:
+            return Rerun(None, REPLACED_MODEL, snapshot is not None or skipped)
         self._busy = True  # the re-run's own forward and optimizer calls are not the loop's
         try:
             return self._rerun_step().run(batch, self._calls, scale, snapshot, skipped, full_state)
