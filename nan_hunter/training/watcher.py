@@ -72,7 +72,7 @@ from nan_hunter.training.events import (
     WatchEvent,
     summary_line,
 )
-from nan_hunter.training.model_copy import unwrap_training_objects
+from nan_hunter.training.model_copy import sharded, unwrap_training_objects
 from nan_hunter.training.pre_step import PreStepCheck
 from nan_hunter.training.rerun import (
     CallKeeper,
@@ -418,7 +418,8 @@ class Watcher:
         if self._scanned >= self.max_reports:
             made = f"max_reports={self.max_reports} already made"
             return Rerun(None, made, snapshot is not None or skipped)
-        if loss is not None and reaches_parameters(loss, self._params) is False:
+        if (loss is not None and not sharded(self.module)  # FSDP's leaves are its shards
+                and reaches_parameters(loss, self._params) is False):
             return Rerun(None, REPLACED_MODEL, snapshot is not None or skipped)
         self._busy = True  # the re-run's own forward and optimizer calls are not the loop's
         try:
