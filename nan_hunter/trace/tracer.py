@@ -134,12 +134,19 @@ class OpTracer(TorchFunctionMode):
         self.in_loss = False
         """Set by the runner while the loss function runs."""
         self.escaped: set[int] = set()
+        """Indices of ops whose output left a module (a module's or the model's output)."""
         self.device_queries: dict[tuple[str, int], tuple[str, SourceLocation]] = {}
         """Where the user's forward asked which device it runs on (``x.is_cuda``), in order."""
         self.unseen: dict[str, None] = {}
         """Modules (in order) whose outputs an op computed that this mode never saw: an op
         run under ``torch._C.DisableTorchFunction()`` or from C++ code."""
-        """Indices of ops whose output left a module (a module's or the model's output)."""
+        self.recomputed: dict[str, None] = {}
+        """Modules (in order) whose forward ran again inside a backward (a reversible layer's
+        or an activation checkpoint's recomputation), where this mode is not active: the ops
+        repeat a forward it traced, and are not traced themselves."""
+        self._leaf_views: TensorMap[None] = TensorMap()
+        """Views (``param.expand(...)``) of tensors no op made (a parameter, a buffer, the
+        batch), and views of those: seen by this mode, their values are the leaf's."""
         self.output_bytes = 0
         """Bytes of the traced outputs: what a retained graph may keep alive, at most."""
 
@@ -237,6 +244,7 @@ class OpTracer(TorchFunctionMode):
             out = func(*args, **kwargs)
             try:
                 self._inherit_producer(out, in_tensors)
+                self._note_leaf_view(out, in_tensors)
             except OURS_AS_THEY_ARE:
                 raise
             except Exception as exc:
@@ -390,6 +398,17 @@ class OpTracer(TorchFunctionMode):
             if isinstance(t, torch.Tensor):
                 self._producer[t] = source
 
+    def _note_leaf_view(self, out: Any, in_tensors: list[torch.Tensor]) -> None:
+        """A view op on a tensor no op made (or on such a view): its outputs are seen."""
+        if not in_tensors:
+            return
+        source = in_tensors[0]
+        if source.grad_fn is not None and source not in self._leaf_views:
+            return  # computed: its producer (if this mode saw one) was inherited
+        for t in leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._leaf_views[t] = None
+
     def mark_escaped(self, output: Any) -> None:
         """Record the producers of a module's output: values the next layer may cast."""
         outputs = [t for t in output_leaves(output) if isinstance(t, torch.Tensor)]
@@ -399,9 +418,14 @@ class OpTracer(TorchFunctionMode):
             index = self._producer.get(t)
             if index is not None:
                 self.escaped.add(index)
-            elif t.grad_fn is not None and not self._paused:
+            elif t.grad_fn is not None and not self._paused and t not in self._leaf_views:
                 # computed (it has a graph node), and by no op this mode recorded
-                self.unseen.setdefault(self._modules.current or "(root)")
+                module = self._modules.current or "(root)"
+                if torch._C._current_graph_task_id() != -1:
+                    # inside a backward: a forward recomputed (reversible layers, checkpoints)
+                    self.recomputed.setdefault(module)
+                else:
+                    self.unseen.setdefault(module)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
