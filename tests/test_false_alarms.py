@@ -161,3 +161,31 @@ def test_an_allocation_in_the_backward_is_not_emulated_nor_logged() -> None:
     assert mode.emulated == 1  # the forward's sum; nothing in the backward
     assert log.max_abs == 0.0 and not log.overflowed
     assert grad.tolist() == [1.0] * 64
+
+
+# ---------------------------------------------------------------------------------------------
+# an inf the model absorbs
+
+
+def test_an_inf_absorbed_by_a_softmax_is_a_warning_naming_it() -> None:
+    report = scanned(FIXTURES / "fx_mask_absorbed.py")
+    (finding,) = report.findings
+    assert (finding.code, finding.severity, finding.op, finding.module) == (
+        "NH104", Severity.WARNING, "Tensor.__mul__", "attn"
+    )
+    assert finding.notes[0] == (
+        "absorbed by softmax at fx_mask_absorbed.py:35: the non-finite values reach no module "
+        "output, and the loss and gradients stay finite (a warning; --fail-on warning fails "
+        "on it)"
+    )
+    assert finding.fix is not None  # the constant is still beyond FP16's range: its fix stays
+    assert report.loss is not None and report.loss.finite
+    assert (report.errors, report.exit_code(), report.exit_code("warning")) == (0, 0, 1)
+
+
+def test_an_inf_absorbed_in_the_forward_that_makes_a_nan_in_the_backward_is_an_error() -> None:
+    report = scanned(FIXTURES / "fx_absorbed_nan_backward.py")
+    errors = [f for f in report.findings if f.severity is Severity.ERROR]
+    assert [(f.code, f.op, f.module) for f in errors] == [("NH104", "Tensor.__mul__", "")]
+    assert not any(n.startswith("absorbed") for n in errors[0].notes)
+    assert report.exit_code() == 1
