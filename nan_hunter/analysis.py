@@ -224,6 +224,82 @@ def contained(events: tuple[OpEvent, ...], consumers: dict[int, list[int]], orig
     return True
 
 
+def absorbers(
+    events: tuple[OpEvent, ...],
+    consumers: dict[int, list[int]],
+    origin: int,
+    escaped: frozenset[int],
+) -> tuple[OpEvent, ...]:
+    """The ops that turn ``origin``'s non-finite values finite again (a softmax over a ``-inf``
+    mask), when every path from it ends at one: no non-finite floating value leaves a module,
+    reaches the loss or the end of the traced code (``escapes``). Empty otherwise, and when the
+    values only ever reach integers (``contained``)."""
+    stack = [origin]
+    seen: set[int] = set()
+    found: dict[int, OpEvent] = {}
+    while stack:
+        index = stack.pop()
+        if index in seen:
+            continue
+        seen.add(index)
+        event = events[index]
+        floating = [s for s in event.outputs if s.is_floating]
+        if not floating:
+            continue  # turned into integers or booleans on this path
+        if all(s.finite for s in floating):
+            found[index] = event  # absorbed here
+            continue
+        nxt = consumers.get(index, [])
+        if index in escaped or not nxt or (
+            not event.in_loss and any(events[i].in_loss for i in nxt)
+        ):
+            return ()
+        stack.extend(nxt)
+    return tuple(found[i] for i in sorted(found))
+
+
+def absorbed_as_in_fp32(
+    absorbing: tuple[OpEvent, ...], reference: dict[tuple[str, str, int, int], OpEvent]
+) -> bool:
+    """Whether each absorbing op computed what it computes in the FP32 reference run (its
+    output's extremes within 5%): a softmax over a ``-inf`` mask gives the probabilities FP32
+    gives. ``rsqrt(inf) = 0`` absorbs an overflow too, into zeros where FP32 has 1/600: that
+    is the damage (an RMS norm's output silently 0), not its absorption."""
+    if not absorbing:
+        return False
+    for event in absorbing:
+        ref = reference.get(event.key)
+        if ref is None or len(ref.outputs) != len(event.outputs):
+            return False
+        for low, fp32 in zip(event.outputs, ref.outputs, strict=True):
+            if not low.is_floating:
+                continue
+            for a, b in ((low.min, fp32.min), (low.max, fp32.max)):
+                if a is None or b is None or abs(a - b) > 0.05 * max(abs(a), abs(b)) + 1e-6:
+                    return False
+    return True
+
+
+def _beyond_range_constant(event: OpEvent, fmt: FloatFormat) -> bool:
+    """Whether ``event`` reads a Python number beyond ``fmt``'s range (a mask's ``1e30``): an
+    inf made on purpose, as a sentinel some later op absorbs. An overflow of computed values
+    (``x * x``, a matmul) is no sentinel: absorbed on this batch, it stays an error."""
+    return any(abs(v) > fmt.max for v in event.scalars)
+
+
+def gradients_stay_finite(result: PassResult) -> bool:
+    """Whether a backward ran, from a finite loss, and every gradient it traced stayed finite:
+    an inf absorbed in the forward that makes a NaN in the backward (``0 * inf`` in a
+    product's gradient) is no harmless one."""
+    return (
+        result.backward_ran
+        and result.loss is not None
+        and result.loss.finite
+        and bool(result.grad_events)
+        and all(g.incoming_finite and g.produced_finite for g in result.grad_events)
+    )
+
+
 def find_upstream(
     events: tuple[OpEvent, ...],
     reference: dict[tuple[str, str, int, int], OpEvent],
@@ -381,7 +457,13 @@ def analyse(
     )
     origins = forward_origins(low)
     constant = {e.index for e in origins if not e.inputs_finite}
+    harmless = gradients_stay_finite(low)
     for event in origins:
+        absorbing = (
+            absorbers(low.events, consumers, event.index, low.escaped)
+            if harmless and event.index not in constant and _beyond_range_constant(event, fmt)
+            else ()
+        )
         casts = cast_inputs(event, fmt)
         reference = ref_events.get(event.key)
         if event.index in constant and reference is not None and reference.outputs_finite:
@@ -419,6 +501,7 @@ def analyse(
                 ),
                 contained=contained(low.events, consumers, event.index),
                 constants=nonfinite_constants(event) if event.index in constant else (),
+                absorbed_by=absorbing if absorbed_as_in_fp32(absorbing, ref_events) else (),
             )
         )
 

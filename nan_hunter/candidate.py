@@ -79,6 +79,11 @@ class Candidate:
     file, whose results were rounded to the low-precision format (the region grows to them)."""
     contained: bool = False
     """The non-finite values only reach integer/boolean results: harmless to training."""
+    absorbed_by: tuple[OpEvent, ...] = ()
+    """The ops that turned the non-finite values finite again on every path, computing what
+    they compute in FP32, when none reached a module output, the loss or a gradient
+    (``analysis.absorbers``): an inf the model absorbs (XLNet's ``1e30 * mask`` into a
+    softmax)."""
     constants: tuple[str, ...] = ()
     """The op's non-finite constant operands (``float('nan')``, a buffer holding inf) when they,
     not its traced inputs, made it an origin (``analysis.nonfinite_constants``)."""

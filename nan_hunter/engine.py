@@ -141,9 +141,15 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
     if low.backward_skipped:
         unchecked.append(f"the backward was not analysed: {low.backward_skipped}")
     if low.unseen:
-        unchecked.append(f"ops the tracer did not see computed the output of {low.unseen[0]}"
-                         + (f" and {len(low.unseen) - 1} more modules" if len(low.unseen) > 1
-                            else ""))
+        unchecked.append(
+            f"ops the tracer did not see computed the output of {_modules_text(low.unseen)}"
+        )
+    if low.recomputed:
+        unchecked.append(
+            f"the forward of {_modules_text(low.recomputed)} recomputed in the backward "
+            "(reversible layers, activation checkpointing): not traced op by op; the forward "
+            "it repeats was"
+        )
     if low.device_queries and settings.predicts_another_device():
         asked, where = low.device_queries[0]
         unchecked.append(f"the path a {settings.policy.upper()} run takes: the forward asked "
@@ -305,6 +311,12 @@ class _Backward:
                 low, log, scale = better, better_log, 2.0**needed
         records = [*low.param_grads.values(), *(b.record for b in log.boundaries)]
         return log.window(scale, share, records)
+
+
+def _modules_text(modules: tuple[str, ...]) -> str:
+    """``a`` or ``a and 3 more modules``."""
+    more = len(modules) - 1
+    return modules[0] + (f" and {more} more module{'s' if more > 1 else ''}" if more else "")
 
 
 def _scaling(settings: Settings, scale: float, skipped: int) -> LossScaling:

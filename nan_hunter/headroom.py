@@ -79,7 +79,10 @@ def _backward_origin(grad: GradEvent, forward: OpEvent) -> bool:
 
 def at_risk_output(event: OpEvent, s: TensorStats, fmt: FloatFormat) -> bool:
     """Whether output ``s`` of ``event`` can overflow ``fmt``: it is in ``fmt``, or it is an
-    FP32 value autocast may cast down later (autocast on, outside the loss)."""
+    FP32 value autocast may cast down later (autocast on, outside the loss). Memory no op
+    wrote (``torch.empty``'s result) holds no values to measure."""
+    if s.unwritten:
+        return False
     if s.dtype == fmt.name:
         return True
     return s.dtype == "float32" and event.autocast and not event.in_loss

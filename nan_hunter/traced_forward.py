@@ -46,6 +46,9 @@ class PassResult:
     unseen: tuple[str, ...] = ()
     """Modules whose outputs were computed by ops the tracer did not see (``OpTracer.unseen``):
     nothing checked those ops' values."""
+    recomputed: tuple[str, ...] = ()
+    """Modules whose forward ran again inside the backward (``OpTracer.recomputed``): a
+    reversible layer's or an activation checkpoint's recomputation, not traced op by op."""
     device_queries: tuple[tuple[str, SourceLocation], ...] = ()
     """Where the user's forward asked which device it runs on (``OpTracer.device_queries``):
     what it asked (``".is_cuda"``) and the line."""
@@ -228,6 +231,7 @@ class TracedForward:
             backward_skipped=skipped,
             escaped=frozenset(tracer.escaped),
             unseen=tuple(tracer.unseen) if self._traced else (),
+            recomputed=tuple(tracer.recomputed) if self._traced else (),
             device_queries=tuple(tracer.device_queries.values()) if self._traced else (),
             param_grads=param_grads,
             kept=self._kept,

@@ -69,6 +69,15 @@ def _overloads(names: tuple[str, ...]) -> frozenset[torch._ops.OpOverload]:
 
 _NATIVE = _NATIVE | _overloads(_RELABELLING)
 
+_ALLOCATING = _overloads(
+    ("empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted")
+)
+"""Ops that return memory no op wrote (a backward's ``new_empty_strided`` before its
+``copy_``): nothing to emulate, and what they hold is no gradient the log may measure (an
+``empty_like(grad, dtype=torch.float16)`` is no gradient cast down). Emulated, the garbage
+rounded to FP16 was logged as a gradient: a largest gradient of 1e19 backed GradScaler off."""
+_NATIVE = _NATIVE | _ALLOCATING
+
 
 class LowPrecisionEmulation(TorchDispatchMode):
     """Emulate ``low``-dtype (FP16) arithmetic with FP32 kernels and rounding."""
@@ -123,7 +132,9 @@ class LowPrecisionEmulation(TorchDispatchMode):
         if not emulated:
             out = func(*args, **kwargs)
             try:
-                if log is not None and args and _same_shape_tensors(args[0], out):
+                if log is not None and args and func not in _ALLOCATING and (
+                    _same_shape_tensors(args[0], out)
+                ):
                     if args[0].dtype == torch.float32 and out.dtype == self.low:
                         log.record(args[0], out, boundary=True)  # an FP32 gradient cast down
                     else:

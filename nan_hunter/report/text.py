@@ -146,6 +146,8 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
         _hanging(console, "  [blue]-->[/]", where)
         _hanging(console, "   [blue]|[/] ", _safe(f.location.code))
     if not detailed:
+        if f.origin and f.notes:  # an origin that is no error: why (absorbed, contained)
+            _rows(console, [("why", f.notes[0])])
         return
     rows: list[tuple[str, str]] = []
     if f.op:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from nan_hunter.candidate import Candidate
 from nan_hunter.findings import Kind
 from nan_hunter.precision.formats import BF16, FP16
@@ -11,6 +13,21 @@ CONTAINED = (
     "contained: these non-finite values only reach integer or boolean results "
     "(indices, masks); no floating value downstream depends on them"
 )
+
+
+def absorbed(c: Candidate) -> str:
+    """Why an origin whose values the model absorbs is a warning: what absorbed them."""
+    sites = []
+    for event in c.absorbed_by[:3]:
+        where = event.call_site or event.location
+        line = f" at {PurePath(where.file).name}:{where.line}" if where is not None else ""
+        sites.append(f"{event.op.rsplit('.', 1)[-1]}{line}")
+    more = len(c.absorbed_by) - len(sites)
+    return (
+        f"absorbed by {', '.join(sites)}{f' and {more} more ops' if more else ''}: the "
+        "non-finite values reach no module output, and the loss and gradients stay finite "
+        "(a warning; --fail-on warning fails on it)"
+    )
 
 
 def bf16_alternative(c: Candidate, kind: Kind) -> tuple[str, ...]:

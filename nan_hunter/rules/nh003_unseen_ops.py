@@ -10,7 +10,7 @@ from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
 class UnseenOps(SiteRule):
     code = "NH003"
     name = "unseen-ops"
-    severity = Severity.ERROR
+    severity = Severity.WARNING
     kind = Kind.NOT_CHECKED
     summary = "Ops ran that the tracer could not see: their values were not checked."
     doc = """\
@@ -19,10 +19,17 @@ A module's output was computed (it has an autograd graph node) by no op the trac
 Something in the forward ran torch ops out of the tracer's sight: code under
 `torch._C.DisableTorchFunction()`, or ops called from C++ (an extension's own kernels).
 
+Not counted here: a view of a parameter a module returns (`self.latents.expand(b, -1, -1)`,
+seen as a view of the parameter), and a forward recomputed inside the backward (reversible
+layers, activation checkpointing), which repeats ops the tracer saw in the forward; the report's
+"not checked" notes say so.
+
 ## Why
 nan-hunter checks every op it sees for values outside FP16's range. Ops it does not see may
-overflow unchecked: a report without findings would call a model clean whose NaN comes from
-exactly those ops.
+overflow unchecked, so the report says which modules were not checked, in this warning and in
+its "not checked" notes. It is a gap in what the scan checked, not evidence that the model
+breaks: it does not fail the scan unless `--fail-on warning` is asked for. A NaN or inf those
+ops make still reaches the loss or a gradient, which the scan checks (NH901, NH401).
 
 ## Example
 ```python
@@ -56,7 +63,7 @@ Let the ops run as plain Python torch calls while scanning (remove the
                 message=(
                     f"the output of {modules} was computed by ops the tracer did not see "
                     "(torch._C.DisableTorchFunction() or C++ code); their values "
-                    "were not checked, so this scan cannot call them clean"
+                    "were not checked"
                 ),
                 fix=Fix(
                     title="Run those ops as plain Python torch calls while scanning",

@@ -32,8 +32,9 @@ def forward(self, x):
         return self.head(self.body(x))
 ```
 
-A branch the scan could not follow is an error, as unseen ops are (NH003): a CI check that
-passes here would pass on a model whose CUDA path was never run. Where the other path is known
+A branch the scan could not follow is an error: a CI check that passes here would pass on a
+model whose CUDA path was never run. (Ops the tracer did not see, NH003, are a warning: they
+ran, and the loss and gradients they feed were checked.) Where the other path is known
 to be safe, say so with `ignore = ["NH004"]` or a suppression comment on the line.
 
 ## Fix

@@ -35,7 +35,7 @@ from nan_hunter.findings import (
     Severity,
 )
 from nan_hunter.location import SourceLocation
-from nan_hunter.rules._notes import CONTAINED, bf16_alternative
+from nan_hunter.rules._notes import CONTAINED, absorbed, bf16_alternative
 from nan_hunter.trace.events import OpEvent
 
 
@@ -134,6 +134,8 @@ def origin_finding(
     severity, notes = rule.severity, bf16_alternative(c, rule.kind_for(c))
     if c.contained:
         severity, notes = Severity.INFO, (CONTAINED,)
+    elif c.absorbed_by and severity is Severity.ERROR:
+        severity, notes = Severity.WARNING, (absorbed(c), *notes)
     return Finding(
         code=rule.code,
         severity=severity,

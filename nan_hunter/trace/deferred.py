@@ -221,6 +221,14 @@ class StatsQueue:
             self.flush()
         return slot
 
+    def unwritten(self, t: torch.Tensor) -> int:
+        """A slot for memory no op wrote (an allocation's result): no statistic is taken."""
+        self._results.append(
+            TensorStats(tuple(t.shape), dtype_name(t.dtype), t.numel(), zeros=None, tiny=None,
+                        unwritten=True)
+        )
+        return len(self._results) - 1
+
     def stats(self, slot: int) -> TensorStats:
         result = self._results[slot]
         if result is None:

@@ -34,8 +34,46 @@ VIEW_OPS = frozenset(
 """Ops that only re-view or re-label their input: no arithmetic, so nothing to check."""
 
 
+ALLOCATIONS = frozenset(
+    {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
+)
+"""Ops that return memory no op wrote: what it holds (NaN, inf, subnormals from whatever used
+the memory before) is not data, and an allocation is never an origin."""
+
+OVERWRITES = frozenset(
+    {
+        "copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_",
+        "exponential_", "geometric_", "cauchy_", "log_normal_",
+    }
+)  # fmt: skip
+"""In-place ops that write every element of the tensor they are called on without reading it
+(as does any op's ``out=``): after them, an allocation holds data."""
+
+PARTIAL_WRITES = frozenset(
+    {
+        "__setitem__", "index_put_", "index_copy_", "index_fill_", "masked_fill_",
+        "masked_scatter_", "scatter_", "put_", "fill_diagonal_",
+    }
+)  # fmt: skip
+"""In-place ops that write some elements of the tensor without reading the others: an
+allocation written by them may still hold memory no op wrote."""
+
+
+def written_tensors(kwargs: dict[str, Any], in_tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors an in-place op writes: ``out=``, else its first input."""
+    written = kwargs.get("out", in_tensors[0])
+    return [
+        t for t in (written if isinstance(written, (tuple, list)) else (written,))
+        if isinstance(t, torch.Tensor)
+    ]
+
+
 def base_name(func: Callable[..., Any]) -> str:
-    """The name of a torch function as the user called it (``T`` for the property)."""
+    """The name of a torch function as the user called it (``T`` for the property; ``detach``
+    for ``torch.ops.aten.detach.default``, which torch's own Python calls around a custom
+    ``autograd.Function`` while a dispatch mode runs)."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func._opname
     name = getattr(func, "__name__", "")
     if name == "__get__":  # a property such as Tensor.T
         name = getattr(getattr(func, "__self__", None), "__name__", name)
@@ -58,10 +96,8 @@ def protect_written(
 ) -> None:
     """Hands the tensors an in-place op is about to write (``out=``, else its first input) to
     ``before_write``."""
-    written = kwargs.get("out", in_tensors[0])
-    for t in written if isinstance(written, (tuple, list)) else (written,):
-        if isinstance(t, torch.Tensor):
-            before_write(t)
+    for t in written_tensors(kwargs, in_tensors):
+        before_write(t)
 
 
 def call_or_replay(

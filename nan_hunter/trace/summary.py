@@ -31,6 +31,9 @@ class TensorStats:
     """Finite nonzero values below the scan format's smallest normal (FP16: 6.1e-5); exact up to
     ``EXACT_UP_TO`` values, estimated beyond from a strided sample of ``SAMPLE`` values
     (``trace.stats.sample_of``; None: not counted)."""
+    unwritten: bool = False
+    """Memory no op wrote (``torch.empty``'s result, a buffer written in part): whatever it
+    holds is not data, so no statistic was taken (it counts as finite, with no range)."""
 
     @property
     def nonfinite(self) -> int:
@@ -53,6 +56,8 @@ class TensorStats:
         parts = [f"tensor[{shape}]", self.dtype]
         if self.numel == 0:
             parts.append("empty")
+        elif self.unwritten:
+            parts.append("uninitialised")
         elif self.min is not None and self.max is not None:
             parts.append(f"x∈[{format_number(self.min)}, {format_number(self.max)}]")
         elif self.is_floating:

@@ -46,6 +46,9 @@ from nan_hunter.trace.events import CapturedCall, GradEvent, OpEvent
 from nan_hunter.trace.flops import matmul_flops
 from nan_hunter.trace.modules import ModuleTracker
 from nan_hunter.trace.op_calls import (
+    ALLOCATIONS,
+    OVERWRITES,
+    PARTIAL_WRITES,
     VIEW_OPS,
     base_name,
     call_or_replay,
@@ -53,6 +56,7 @@ from nan_hunter.trace.op_calls import (
     is_inplace,
     protect_written,
     refuse_nested,
+    written_tensors,
 )
 from nan_hunter.trace.stats import TensorStats
 
@@ -136,14 +140,27 @@ class OpTracer(TorchFunctionMode):
         self.in_loss = False
         """Set by the runner while the loss function runs."""
         self.escaped: set[int] = set()
+        """Indices of ops whose output left a module (a module's or the model's output)."""
         self.device_queries: dict[tuple[str, int], tuple[str, SourceLocation]] = {}
         """Where the user's forward asked which device it runs on (``x.is_cuda``), in order."""
         self.unseen: dict[str, None] = {}
         """Modules (in order) whose outputs an op computed that this mode never saw: an op
         run under ``torch._C.DisableTorchFunction()`` or from C++ code."""
-        """Indices of ops whose output left a module (a module's or the model's output)."""
+        self.recomputed: dict[str, None] = {}
+        """Modules (in order) whose forward ran again inside a backward (a reversible layer's
+        or an activation checkpoint's recomputation), where this mode is not active: the ops
+        repeat a forward it traced, and are not traced themselves."""
+        self._leaf_views: TensorMap[None] = TensorMap()
+        """Views (``param.expand(...)``) of tensors no op made (a parameter, a buffer, the
+        batch), and views of those: seen by this mode, their values are the leaf's."""
         self.output_bytes = 0
         """Bytes of the traced outputs: what a retained graph may keep alive, at most."""
+        self._unwritten: TensorMap[None] = TensorMap()
+        """Tensors holding memory no op wrote: an allocation's result (``torch.empty``), its
+        views, and what only wrote part of it (``buf[:k] = x``). Their values are not data:
+        no statistic of theirs counts until an op reads them as data."""
+        self._allocated = False
+        """Whether an allocation was seen (the checks for ``_unwritten`` run only then)."""
 
     @property
     def estimated_zeros(self) -> bool:
@@ -228,7 +245,10 @@ class OpTracer(TorchFunctionMode):
                 if inplace and in_tensors:
                     # The op writes a tensor that may wait in the queue: take its statistics.
                     self._queue.flush()
-                in_slots = tuple(self._slot_of(t) for t in in_tensors)
+                if self._allocated:
+                    in_slots, blank = self._allocation_slots(name, kwargs, in_tensors, inplace)
+                else:
+                    in_slots, blank = tuple(self._slot_of(t) for t in in_tensors), set()
                 producers = tuple(self._producer.get(t) for t in in_tensors)
                 if self._before_write is not None and in_tensors and inplace:
                     protect_written(self._before_write, kwargs, in_tensors)
@@ -240,6 +260,9 @@ class OpTracer(TorchFunctionMode):
             out = func(*args, **kwargs)
             try:
                 self._inherit_producer(out, in_tensors)
+                self._note_leaf_view(out, in_tensors)
+                if self._allocated and in_tensors and in_tensors[0] in self._unwritten:
+                    self._mark_unwritten(out)
             except OURS_AS_THEY_ARE:
                 raise
             except Exception as exc:
@@ -256,7 +279,16 @@ class OpTracer(TorchFunctionMode):
                 if in_tensors and not self.in_loss and may_ask_device(func):
                     self._note_device_query(func)
                 return out
-            self._record(func, args, kwargs, flat, in_slots, producers, out_tensors, failure)
+            if name in ALLOCATIONS:
+                self._allocated = True
+                blank = {id(t) for t in out_tensors}
+            if self._allocated:
+                in_slots, blank = self._after_allocation_op(
+                    in_tensors, in_slots, out_tensors, blank
+                )
+            self._record(
+                func, args, kwargs, flat, in_slots, producers, out_tensors, failure, blank
+            )
         except OURS_AS_THEY_ARE:
             raise
         except Exception as exc:
@@ -289,7 +321,9 @@ class OpTracer(TorchFunctionMode):
         producers: tuple[int | None, ...],
         out_tensors: list[torch.Tensor],
         failure: PolicyFailure | None = None,
+        blank: set[int] | frozenset[int] = frozenset(),
     ) -> None:
+        """``blank``: ``id``s of the outputs that hold memory no op wrote (no statistics)."""
         op, location, in_user_code, call_site = self._sites.site(sys._getframe(2), func)
         index = len(self._records)
         counts_all = self._count_all
@@ -299,7 +333,11 @@ class OpTracer(TorchFunctionMode):
             if t.is_nested:  # no statistic (aminmax, counts) has a kernel for one
                 refuse_nested(op, self._modules.current)
             self.output_bytes += t.numel() * t.element_size()
-            slot = self._queue.add(t, counts_all or t.dtype == low)
+            if blank and id(t) in blank:
+                slot = self._queue.unwritten(t)
+                self._unwritten[t] = None
+            else:
+                slot = self._queue.add(t, counts_all or t.dtype == low)
             self._stats[t] = slot
             self._producer[t] = index
             out_slots.append(slot)
@@ -375,6 +413,72 @@ class OpTracer(TorchFunctionMode):
         self._calls = [c for c in self._calls if c[0] >= self._checked]
         self._calls_held = sum(c[3] for c in self._calls)
 
+    # -- memory no op wrote ------------------------------------------------------------------
+    def _allocation_slots(
+        self, name: str, kwargs: dict[str, Any], in_tensors: list[torch.Tensor], inplace: bool
+    ) -> tuple[tuple[int | None, ...], set[int]]:
+        """Input slots when some tensor holds memory no op wrote: such a tensor that the op
+        writes (``buf.fill_``, ``buf[:k] = x``, ``out=buf``) gets no statistic, its garbage is no
+        input of the op; one it reads is summarised as it is, now if the op writes another
+        tensor, else after the op (None), unless the op's result aliases it (a view). Also the
+        ``id``s of the outputs that will still hold such memory (a partial write's)."""
+        written = written_tensors(kwargs, in_tensors) if inplace and in_tensors else []
+        overwrites = "out" in kwargs or name in OVERWRITES
+        partial = not overwrites and name in PARTIAL_WRITES
+        slots: list[int | None] = []
+        blank: set[int] = set()
+        for t in in_tensors:
+            if t not in self._unwritten:
+                slots.append(self._slot_of(t))
+            elif any(t is w for w in written):
+                if overwrites or partial:
+                    slots.append(self._queue.unwritten(t))
+                else:  # an op that reads it first (``buf.add_(x)``): its garbage is read
+                    slots.append(self._queue.add(t, self._counts(t)))
+                if partial:
+                    blank.add(id(t))  # still holds memory no op wrote
+                else:
+                    self._unwritten.pop(t)
+            elif inplace:
+                slots.append(self._queue.add(t, self._counts(t)))
+            else:
+                slots.append(None)
+        return tuple(slots), blank
+
+    def _after_allocation_op(
+        self,
+        in_tensors: list[torch.Tensor],
+        in_slots: tuple[int | None, ...],
+        out_tensors: list[torch.Tensor],
+        blank: set[int],
+    ) -> tuple[tuple[int, ...], set[int]]:
+        """The input slots left for after the op (``_allocation_slots``): no statistic for a
+        tensor holding memory no op wrote whose alias the op returned (``buf[:k]``), and the
+        alias holds such memory too; the tensor's values, else (it was read)."""
+        if all(slot is not None for slot in in_slots):
+            return in_slots, blank  # type: ignore[return-value]
+        slots = list(in_slots)
+        for i, slot in enumerate(in_slots):
+            if slot is not None:
+                continue
+            t = in_tensors[i]
+            storage = t.untyped_storage().data_ptr()
+            aliases = [o for o in out_tensors if o.untyped_storage().data_ptr() == storage]
+            if aliases:
+                slots[i] = self._queue.unwritten(t)
+                blank.update(id(o) for o in aliases)
+            else:
+                slots[i] = self._queue.add(t, self._counts(t))
+        return tuple(slots), blank  # type: ignore[arg-type]
+
+    def _mark_unwritten(self, out: Any) -> None:
+        for t in leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._unwritten[t] = None
+
+    def _counts(self, t: torch.Tensor) -> bool:
+        return self._count_all or t.dtype == self._fmt.dtype
+
     def _slot_of(self, t: torch.Tensor) -> int:
         slot = self._stats.get(t)
         if slot is None:  # a parameter, buffer or batch tensor
@@ -395,6 +499,17 @@ class OpTracer(TorchFunctionMode):
             if isinstance(t, torch.Tensor):
                 self._producer[t] = source
 
+    def _note_leaf_view(self, out: Any, in_tensors: list[torch.Tensor]) -> None:
+        """A view op on a tensor no op made (or on such a view): its outputs are seen."""
+        if not in_tensors:
+            return
+        source = in_tensors[0]
+        if source.grad_fn is not None and source not in self._leaf_views:
+            return  # computed: its producer (if this mode saw one) was inherited
+        for t in leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._leaf_views[t] = None
+
     def mark_escaped(self, output: Any) -> None:
         """Record the producers of a module's output: values the next layer may cast."""
         outputs = [t for t in output_leaves(output) if isinstance(t, torch.Tensor)]
@@ -404,9 +519,14 @@ class OpTracer(TorchFunctionMode):
             index = self._producer.get(t)
             if index is not None:
                 self.escaped.add(index)
-            elif t.grad_fn is not None and not self._paused:
+            elif t.grad_fn is not None and not self._paused and t not in self._leaf_views:
                 # computed (it has a graph node), and by no op this mode recorded
-                self.unseen.setdefault(self._modules.current or "(root)")
+                module = self._modules.current or "(root)"
+                if torch._C._current_graph_task_id() != -1:
+                    # inside a backward: a forward recomputed (reversible layers, checkpoints)
+                    self.recomputed.setdefault(module)
+                else:
+                    self.unseen.setdefault(module)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
