@@ -29,7 +29,7 @@ from nan_hunter.headroom import build_range_map
 from nan_hunter.loader import Target
 from nan_hunter.model_state import without_inference_tensors
 from nan_hunter.options import explicitly_set
-from nan_hunter.pass_state import fewer_collections
+from nan_hunter.pass_state import compared_pass_start, fewer_collections
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import BF16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
@@ -49,6 +49,8 @@ def scan_target(target: Target, settings: Settings, *, fp32_loss: bool = False) 
     # The passes and the analysis after them create objects that all live to the end of the
     # scan: the collector runs less often meanwhile (19% of an op-heavy scan's time otherwise).
     # The random state is the caller's: a scan draws dropout masks, and leaves it as it was.
+    # Every pass whose loss is compared (low precision, FP32 reference, FP32 loss, and the
+    # same passes of each verification re-scan) starts from one seed: the same masks.
     # Autograd's anomaly detection (often on while a user hunts a NaN) would raise on the very
     # NaN gradients the scan analyses: off during the passes, the user's setting restored after.
     # Blocks of 32 MiB and more come from the heap meanwhile, reused instead of mapped and
@@ -152,6 +154,7 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
         announce("FP32 reference pass")
+        compared_pass_start()
         ref = run_pass(
             model,
             _fresh(batch),
@@ -218,6 +221,7 @@ def _fp32_loss_pass(
     (a patch that casts to ``torch.float16`` by name): the measurement is then missing, the
     scan is not failed for it."""
     announce("FP32 loss of the model")
+    compared_pass_start()
     try:
         return run_pass(
             model, _fresh(batch), target.loss_fn, fp32_context(device), fmt, backward=False,
@@ -269,6 +273,7 @@ class _Backward:
         settings = self.settings
         backward = " + backward" if settings.backward else ""
         announce(why or f"{settings.dtype} {settings.mode} pass{backward}")
+        compared_pass_start()  # a forward run again draws the first one's dropout masks
         return self._runner.run(scale, log, events=events), log
 
     def finite(self, scale: float) -> bool:
