@@ -25,6 +25,7 @@ from nan_hunter.findings import (
     scale_text,
 )
 from nan_hunter.fixes.build import build_fix, edit_site, with_kept_module
+from nan_hunter.fixes.kept_submodule import LibraryScope, ModelSite, library_scope
 from nan_hunter.headroom import build_range_map
 from nan_hunter.loader import Target
 from nan_hunter.model_state import without_inference_tensors
@@ -182,7 +183,8 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
             grad_scale=scale,
         )  # fmt: skip
     errors = [
-        _finding(c, settings, plan.patch_device, root_class=type(model).__name__)
+        _finding(c, settings, plan.patch_device, root_class=type(model).__name__,
+                 library=_library(c, target, model))
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
@@ -335,8 +337,23 @@ def _batch_on(batch: Batch, device: str) -> Batch:
     return batch.map(lambda x: x.to(device))
 
 
+def _library(c: Candidate, target: Target, model: torch.nn.Module) -> LibraryScope | None:
+    """For an op inside an installed library, when the model came from a function of the
+    user's file: the library's modules around it that hooks from there can keep in FP32."""
+    if target.model_fn is None or target.unwrapped or c.event.location is None:
+        return None
+    if edit_site(c.event) is c.event.location:
+        return None  # the user's own code: regions there
+    return library_scope(model, c.event.module, ModelSite(target.file, target.model_fn))
+
+
 def _finding(
-    c: Candidate, settings: Settings, device: str, *, root_class: str
+    c: Candidate,
+    settings: Settings,
+    device: str,
+    *,
+    root_class: str,
+    library: LibraryScope | None = None,
 ) -> Finding | None:
     rule = classify(c)
     if not settings.rule_enabled(rule.code):
@@ -345,7 +362,8 @@ def _finding(
     site = edit_site(c.event)
     half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
     fix = (
-        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype, root_class=root_class)
+        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype,
+                  root_class=root_class, library=library)
         if plan is not None else None
     )
     return origin_finding(
