@@ -25,11 +25,12 @@ from nan_hunter.findings import (
     scale_text,
 )
 from nan_hunter.fixes.build import build_fix, edit_site, with_kept_module
+from nan_hunter.fixes.kept_submodule import LibraryScope, ModelSite, library_scope
 from nan_hunter.headroom import build_range_map
 from nan_hunter.loader import Target
 from nan_hunter.model_state import without_inference_tensors
 from nan_hunter.options import explicitly_set
-from nan_hunter.pass_state import fewer_collections
+from nan_hunter.pass_state import compared_pass_start, fewer_collections
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import BF16, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
@@ -49,6 +50,8 @@ def scan_target(target: Target, settings: Settings, *, fp32_loss: bool = False) 
     # The passes and the analysis after them create objects that all live to the end of the
     # scan: the collector runs less often meanwhile (19% of an op-heavy scan's time otherwise).
     # The random state is the caller's: a scan draws dropout masks, and leaves it as it was.
+    # Every pass whose loss is compared (low precision, FP32 reference, FP32 loss, and the
+    # same passes of each verification re-scan) starts from one seed: the same masks.
     # Autograd's anomaly detection (often on while a user hunts a NaN) would raise on the very
     # NaN gradients the scan analyses: off during the passes, the user's setting restored after.
     # Blocks of 32 MiB and more come from the heap meanwhile, reused instead of mapped and
@@ -158,6 +161,7 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
     ref: PassResult | None = None
     if forward_origins(low) or backward_origins(low) or failures(low):
         announce("FP32 reference pass")
+        compared_pass_start()
         ref = run_pass(
             model,
             _fresh(batch),
@@ -185,7 +189,8 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
             grad_scale=scale,
         )  # fmt: skip
     errors = [
-        _finding(c, settings, plan.patch_device, root_class=type(model).__name__)
+        _finding(c, settings, plan.patch_device, root_class=type(model).__name__,
+                 library=_library(c, target, model))
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
@@ -224,6 +229,7 @@ def _fp32_loss_pass(
     (a patch that casts to ``torch.float16`` by name): the measurement is then missing, the
     scan is not failed for it."""
     announce("FP32 loss of the model")
+    compared_pass_start()
     try:
         return run_pass(
             model, _fresh(batch), target.loss_fn, fp32_context(device), fmt, backward=False,
@@ -275,6 +281,7 @@ class _Backward:
         settings = self.settings
         backward = " + backward" if settings.backward else ""
         announce(why or f"{settings.dtype} {settings.mode} pass{backward}")
+        compared_pass_start()  # a forward run again draws the first one's dropout masks
         return self._runner.run(scale, log, events=events), log
 
     def finite(self, scale: float) -> bool:
@@ -342,8 +349,23 @@ def _batch_on(batch: Batch, device: str) -> Batch:
     return batch.map(lambda x: x.to(device))
 
 
+def _library(c: Candidate, target: Target, model: torch.nn.Module) -> LibraryScope | None:
+    """For an op inside an installed library, when the model came from a function of the
+    user's file: the library's modules around it that hooks from there can keep in FP32."""
+    if target.model_fn is None or target.unwrapped or c.event.location is None:
+        return None
+    if edit_site(c.event) is c.event.location:
+        return None  # the user's own code: regions there
+    return library_scope(model, c.event.module, ModelSite(target.file, target.model_fn))
+
+
 def _finding(
-    c: Candidate, settings: Settings, device: str, *, root_class: str
+    c: Candidate,
+    settings: Settings,
+    device: str,
+    *,
+    root_class: str,
+    library: LibraryScope | None = None,
 ) -> Finding | None:
     rule = classify(c)
     if not settings.rule_enabled(rule.code):
@@ -352,7 +374,8 @@ def _finding(
     site = edit_site(c.event)
     half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
     fix = (
-        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype, root_class=root_class)
+        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype,
+                  root_class=root_class, library=library)
         if plan is not None else None
     )
     return origin_finding(

@@ -163,6 +163,10 @@ class Fix:
     """How much the fix changes what the model computes: the FP32 loss of the patched model
     relative to the original's FP32 loss (``0.0002`` is 0.02%), measured by the verification
     re-scan; None when not measured."""
+    fp32_module: str | None = None
+    """The module (path from the model's root) the fix keeps whole in FP32, where it keeps one:
+    a library submodule kept by hooks from the user's file, or the library model a call-site
+    region runs; ``covers`` reads it (a module holding another cannot cost less)."""
 
     @property
     def measured_harmless(self) -> bool:

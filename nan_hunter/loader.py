@@ -51,6 +51,9 @@ class Target:
     module_name: str
     unwrapped: tuple[str, ...] = ()
     """Wrappers removed from the model as built, outermost first (see ``unwrap_model``)."""
+    model_fn: str | None = None
+    """The function of ``file`` that built the model (``build_model``); None when the model
+    came from elsewhere (``nan_hunter.scan(model, ...)``)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ def load_target(
         file=file,
         module_name=module.__name__,
         unwrapped=unwrapped,
+        model_fn=names.model_fn,
     )
 
 

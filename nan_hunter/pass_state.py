@@ -1,6 +1,6 @@
 """The process state a pass sets up and a pass that runs again rewinds: the cyclic garbage
-collector's threshold, the random number generators, and the precision contexts a pass
-enters anew."""
+collector's threshold, the random number generators (every compared pass starts from one
+seed), and the precision contexts a pass enters anew."""
 
 from __future__ import annotations
 
@@ -45,6 +45,20 @@ def set_rng_state(state: RngState) -> None:
     torch.random.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state_all(state[1])
+
+
+COMPARED_PASS_SEED = 0
+"""The seed every pass whose loss is compared starts from (``compared_pass_start``)."""
+
+
+def compared_pass_start() -> None:
+    """Seed the random number generators (CPU and every CUDA device) for a pass whose loss is
+    compared with another's: the low-precision pass, the FP32 reference, the FP32 loss of a
+    patched model, and each pass of a verification re-scan. They then draw the same dropout
+    masks, so a correct fix is not refuted because the reference drew other ones ("the loss
+    changed"). The scan keeps the caller's random state around all of it
+    (``engine._random_state_kept``)."""
+    torch.manual_seed(COMPARED_PASS_SEED)
 
 
 def first_then_anew(

@@ -20,6 +20,7 @@ from nan_hunter.fixes.edits import (
     render_diff,
 )
 from nan_hunter.fixes.function_region import build_function_region_patch
+from nan_hunter.fixes.kept_submodule import LibraryScope, build_kept_submodule_edits
 from nan_hunter.fixes.module_region import build_kept_module_patch
 from nan_hunter.fixes.op_region import build_op_region_patch
 from nan_hunter.fixes.rewrites import (
@@ -63,10 +64,14 @@ def build_fix(
     site: SourceLocation | None,
     half_dtype: str | None = None,
     root_class: str | None = None,
+    library: LibraryScope | None = None,
 ) -> Fix:
     """The fix for one finding. ``site`` is where the edit goes: the op's own line in the
     user's project, or the call site in it when the op ran inside an installed library;
-    ``root_class``, the class name of the model itself (never kept in FP32 as a whole). A plan
+    ``root_class``, the class name of the model itself (never kept in FP32 as a whole);
+    ``library``, for an op inside an installed library, the modules around it that hooks
+    from the user's file can keep in FP32 (tried first, narrowest first: the call-site
+    region keeps the whole library call in FP32). A plan
     whose edit cannot be made falls back to ``plan.fallback``; ``plan.alternatives`` whose
     edits can be made become the fix's alternatives, except those that change the cause itself
     (``FixPlan.leads``: a constant FP16 cannot hold), which come first."""
@@ -109,7 +114,43 @@ def build_fix(
     if leads:  # the change of the cause itself comes first, the regions after it
         alternatives = (*leads[1:], *(f for f in (fix, *alternatives) if f.edits))
         fix = leads[0]
+    kept = _kept_submodules(c, plan, device, site, half_dtype, library)
+    if kept and library is not None:
+        # the regions at the call site keep the whole library call in FP32: after the hooks
+        region = [replace(f, fp32_module=library.call) for f in (fix, *alternatives) if f.edits]
+        fix, alternatives = kept[0], (*kept[1:], *region)
     return replace(fix, alternatives=alternatives) if alternatives else fix
+
+
+def _kept_submodules(
+    c: Candidate,
+    plan: FixPlan,
+    device: str,
+    site: SourceLocation | None,
+    half_dtype: str | None,
+    library: LibraryScope | None,
+) -> list[Fix]:
+    """Autocast, an op inside an installed library: each module of ``library`` (narrowest
+    first) kept in FP32 by hooks that the user's file registers where it builds the model
+    (``nan_hunter.fixes.kept_submodule``)."""
+    if (
+        library is None or half_dtype is not None or not plan.region or plan.rewrite
+        or not c.ref_finite or site is c.event.location
+    ):
+        return []
+    where = library.site
+    root = project_root(where.file.resolve())
+    fixes = []
+    for path, class_name in library.modules:
+        edits = build_kept_submodule_edits(where, path, device_type=device, fmt=c.fmt.name)
+        if edits is None:
+            return []
+        title = (
+            f"Keep {path} ({class_name}) in FP32 from {where.function}(): hooks disable "
+            f"autocast for it alone and cast its inputs to float32 (the library is not edited)"
+        )
+        fixes.append(replace(make_fix(title, plan.applicability, edits, root), fp32_module=path))
+    return fixes
 
 
 def _op_alone(

@@ -106,7 +106,12 @@ def covers(wider: Fix, narrower: Fix) -> bool:
     """``wider`` keeps at least what ``narrower`` keeps in FP32, as far as the lines show: in
     every file ``narrower`` edits, each line range it replaces (beyond the edits both make, an
     ``import torch``) lies within the span of ``wider``'s edits there (a statement around an
-    op, a function or a kept module around a statement). Such a candidate cannot cost less."""
+    op, a function or a kept module around a statement), or it keeps in FP32 a module that is or
+    holds the one ``narrower`` keeps (``Fix.fp32_module``: a library submodule's parent, the
+    whole library call). Such a candidate cannot cost less."""
+    if wider.fp32_module is not None and narrower.fp32_module is not None:
+        inner, outer = narrower.fp32_module, wider.fp32_module
+        return not outer or inner == outer or inner.startswith(outer + ".")
     try:
         outer = _ranges(wider)
         inner = _ranges(narrower)
