@@ -43,6 +43,8 @@ class OpEvent:
     custom_function: bool = False
     """A custom ``autograd.Function``: ``op`` is ``<Name>.apply``, ``location`` the ``def
     backward`` line (its backward is the Function's own code, not a traced op's)."""
+    ints: tuple[int, ...] = ()
+    """Python int arguments, in call order (a reduction's ``dim``)."""
 
     @cached_property
     def inputs_finite(self) -> bool:

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from nan_hunter._nest import call_leaves, leaves, output_leaves
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.location import SourceLocation
+from nan_hunter.precision.compare import OpObserver
 from nan_hunter.precision.failures import PolicyFailure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace import deferred
@@ -79,6 +80,7 @@ class _OpRecord(NamedTuple):
     failure: PolicyFailure | None
     call_site: SourceLocation | None
     custom_function: bool = False
+    ints: tuple[int, ...] = ()
 
 
 class OpTracer(TorchFunctionMode):
@@ -98,8 +100,11 @@ class OpTracer(TorchFunctionMode):
         before_write: Callable[[torch.Tensor], None] | None = None,
         depth: int | None = None,
         exact_zeros: bool = True,
+        observer: OpObserver | None = None,
     ) -> None:
         super().__init__()
+        self._observer = observer
+        """Told each recorded op's tensors (the precision check's comparison)."""
         self._before_write = before_write
         """Called with the tensor an in-place op is about to write (to snapshot weights)."""
         self._modules = modules
@@ -176,6 +181,7 @@ class OpTracer(TorchFunctionMode):
                     failure=r.failure,
                     call_site=r.call_site,
                     custom_function=r.custom_function,
+                    ints=r.ints,
                 )
             )
         return self._events
@@ -331,9 +337,16 @@ class OpTracer(TorchFunctionMode):
                 any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES),
                 failure,
                 call_site,
+                ints=tuple(x for x in flat if type(x) is int),
             )
         )
         self._watch_backward(out_tensors, index)
+        if self._observer is not None:
+            self._observer.on_op(
+                (*site, self._occurrences[site]),
+                [x for x in flat if isinstance(x, torch.Tensor)],
+                out_tensors,
+            )
         if not self._origin_found and self._queue.pending == 0:
             self._on_flush()  # summarised at once (depth 1): look for the origin now
 
