@@ -75,7 +75,7 @@ def render_text(
         f"{', ' + _safe(t.loss_scaling.render()) if t.loss_scaling else ''})",
     )
     if report.precision is not None:
-        _hanging(console, "  [bold]precision vs FP32:[/] ", _safe(report.precision.render()))
+        _hanging(console, "  [bold]precision vs FP32:[/]", _safe(report.precision.render()))
     for note in t.notes:
         _hanging(console, "  [dim]note[/] ", _safe(note))
     for note in t.unchecked:

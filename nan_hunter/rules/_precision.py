@@ -67,18 +67,20 @@ def long_accumulations(scan: ScanEvidence) -> list[OpEvent]:
 
 
 def jumps(scan: ScanEvidence) -> tuple[list[OpPrecision], list[OpPrecision]]:
-    """(NH602, NH609): the ops whose error jumps, subtractions first, without those an integer
-    site upstream explains (NH601) or that are NH603's sites."""
+    """(NH602, NH609): the ops whose error jumps, subtractions first, without NH601's and
+    NH603's sites and the ops downstream of them."""
     p = scan.precision
     if p is None or scan.low is None:
         return [], []
+    # what an integer site or a long accumulation upstream ruins is theirs (the difference
+    # of two cumsum values cancels because the cumsum was rounded)
     roots = {op.event.index for op in integer_roots(p)}
-    accumulations = {e.index for e in long_accumulations(scan)}
+    roots |= {e.index for e in long_accumulations(scan)}
     depth = scan.settings.upstream_depth
     events = scan.low.events
     found = [
         op for op in p.origins
-        if op.event.index not in accumulations and op.event.index not in roots
+        if op.event.index not in roots
         and p.downstream_of(events, op.event.index, roots, depth) is None
     ]
     cancel = [op for op in found if op_name(op.event) in SUBTRACTIONS]
