@@ -12,6 +12,7 @@ from nan_hunter.config import Settings
 from nan_hunter.findings import Finding, Phase
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
+from nan_hunter.precision_loss import PrecisionEvidence
 from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import GradEvent, OpEvent
 
@@ -128,3 +129,5 @@ class ScanEvidence:
     """The model as the user gave it (restored after the passes)."""
     errors: tuple[Finding, ...] = ()
     """For stage ``"final"``: the error findings of every other rule."""
+    precision: PrecisionEvidence | None = None
+    """The precision check's per-op errors against FP32 (None: the check did not run)."""

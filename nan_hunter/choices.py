@@ -49,7 +49,14 @@ class OutputFormat(str, Enum):
     junit = "junit"
 
 
+class PrecisionCheck(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 SETTING_CHOICES: dict[str, type[Enum]] = {
+    "precision_check": PrecisionCheck,
     "dtype": DType,
     "device": Device,
     "mode": Mode,

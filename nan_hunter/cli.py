@@ -69,6 +69,7 @@ def scan(
     ignore: o.Ignore = None,
     fail_on: o.FailOn = None,
     min_headroom: o.MinHeadroom = None,
+    precision_check: o.PrecisionCheck = None,
     range_map: o.RangeMap = False,
     exit_zero: o.ExitZero = False,
     color: o.Color = ColorChoice.auto,

@@ -183,6 +183,14 @@ MinHeadroom = Annotated[
         "(8: |x| > 8188); 0: off." + _default("min_headroom"),
     ),
 ]
+PrecisionCheck = Annotated[
+    choices.PrecisionCheck | None,
+    typer.Option(
+        "--precision-check",
+        help="Compare every op, the loss and the gradients with an FP32 run (NH6xx): auto "
+        "(with bfloat16 only), on, off." + _default("precision_check"),
+    ),
+]
 RangeMap = Annotated[
     bool,
     typer.Option(

@@ -75,6 +75,14 @@ class Settings:
     min_headroom: float = 0.0
     """NH503: warn about a forward value within this factor of the format's largest value
     (8: |x| above 65504 / 8 = 8188 in FP16); 0 turns the check off."""
+    precision_check: str = "auto"
+    """Compare each op, the loss and the gradients with an FP32 run (NH6xx): ``auto`` (only
+    with ``dtype: bfloat16``, whose problem is precision, not range), ``on``, ``off``."""
+    precision_jump: float = 16.0
+    """NH602/NH609: an op's error against FP32 must exceed its inputs' error plus one rounding
+    of the format (2**-8 BF16, 2**-11 FP16) this many times."""
+    accumulation_length: int = 4096
+    """NH603: a sum/cumsum/prod in low precision over at least this many values."""
     verify_fixes: bool = True
     lr: float = 1e-3
     """Adam learning rate for ``--steps``."""
@@ -96,6 +104,13 @@ class Settings:
         if isinstance(self.grad_scale, str):
             return GRADSCALER_INIT_SCALE
         return float(self.grad_scale)
+
+    @property
+    def checks_precision(self) -> bool:
+        """Whether the scan compares its ops with an FP32 run (``precision_check``)."""
+        if self.precision_check == "auto":
+            return self.dtype == "bfloat16"
+        return self.precision_check == "on"
 
     def rule_enabled(self, code: str) -> bool:
         selected = any(code.startswith(prefix) for prefix in self.select)

@@ -31,13 +31,15 @@ from nan_hunter.loader import Target
 from nan_hunter.model_state import without_inference_tensors
 from nan_hunter.options import explicitly_set
 from nan_hunter.pass_state import compared_pass_start, fewer_collections
+from nan_hunter.precision.compare import ErrorMeter, KeptOutputs
 from nan_hunter.precision.context import PrecisionPlan
-from nan_hunter.precision.formats import BF16, FloatFormat, format_for
+from nan_hunter.precision.formats import BF16, FP32, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.precision.heap import large_blocks_from_heap
 from nan_hunter.precision.loss_scale import back_off, largest_finite
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.precision.work import precision_work
+from nan_hunter.precision_loss import integer_checks, precision_evidence, precision_verdict
 from nan_hunter.progress import announce
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
 from nan_hunter.runner import PassResult, PassRunner, run_pass
@@ -114,7 +116,8 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
         # GradScaler cannot unscale FP16 gradients (a model.half() run trains unscaled), and
         # BF16 has FP32's range: nobody runs a GradScaler with it
         settings = dataclasses.replace(settings, grad_scale=None)
-    with _Backward(target, settings, plan, model, batch) as backward:
+    keep = KeptOutputs() if settings.checks_precision and fmt is not FP32 else None
+    with _Backward(target, settings, plan, model, batch, keep) as backward:
         scale = settings.loss_scale()
         low, log = backward.run(scale)
         window = backward.window(low, log, scale)
@@ -159,20 +162,31 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
                          f"{asked.lstrip('.')} at {Path(where.file).name}:{where.line}")
     info = dataclasses.replace(info, unchecked=tuple(unchecked))
     ref: PassResult | None = None
-    if forward_origins(low) or backward_origins(low) or failures(low):
-        announce("FP32 reference pass")
-        compared_pass_start()
+    broke = bool(forward_origins(low) or backward_origins(low) or failures(low))
+    meter = None
+    if keep is not None:
+        meter = ErrorMeter(keep, fmt, integer_checks(low, fmt))
+    if broke or meter is not None:
+        announce("FP32 reference pass" + (" (precision check)" if meter is not None else ""))
+        compared_pass_start()  # the same dropout masks as the pass it is compared with
         ref = run_pass(
             model,
             _fresh(batch),
             target.loss_fn,
             fp32_context(device),
             fmt,
-            backward=bool(backward_origins(low)),
+            backward=bool(backward_origins(low)) or (meter is not None and low.backward_ran),
             fp32=True,
             grad_scale=scale,
-            count_all=True,
+            count_all=broke,
+            observer=meter,
         )
+    precision, verdict = None, None
+    if meter is not None and keep is not None:
+        measured = meter.result()
+        keep.release()
+        precision = precision_evidence(low, ref, measured, fmt, settings.precision_jump)
+        verdict = precision_verdict(low, ref, measured, precision)
     reference = ref
     if ref is None and fp32_loss:  # the loss only: the analysis of a clean pass takes no ref
         reference = _fp32_loss_pass(model, batch, target, device, fmt, scale)
@@ -194,7 +208,9 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
-    evidence = ScanEvidence(settings, fmt, batch, low, log, window, scale, model=model)
+    evidence = ScanEvidence(
+        settings, fmt, batch, low, log, window, scale, model=model, precision=precision
+    )
     site = _detected("pass", evidence)
     errors += [f for f in site if f.is_error]
     # a NaN loss is never clean: what no error above explains is said to be unexplained
@@ -214,6 +230,7 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
         reference_loss=reference.loss if reference is not None else None,
         range_map=build_range_map(low.events, low.grad_events, fmt, scale),
         precision=precision_work(low.events),
+        precision_check=verdict,
     )
 
 
@@ -252,6 +269,7 @@ class _Backward:
         plan: PrecisionPlan,
         model: torch.nn.Module,
         batch: Batch,
+        keep: KeptOutputs | None = None,
     ) -> None:
         self.settings, self.plan = settings, plan
         self._runner = PassRunner(
@@ -264,6 +282,7 @@ class _Backward:
             backward=settings.backward,
             half=settings.mode == "half",
             exact_zeros=False,
+            observer=keep,
         )
 
     def __enter__(self) -> _Backward:

@@ -29,6 +29,7 @@ class Kind(str, enum.Enum):
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     OUT_OF_RANGE = "out_of_range"
     NOT_CHECKED = "not_checked"
+    PRECISION = "precision"
 
 
 class Phase(str, enum.Enum):
@@ -323,6 +324,45 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class PrecisionVerdict:
+    """How far the low-precision step is from FP32's (the precision check, ``--precision-check``
+    or ``--dtype bfloat16``)."""
+
+    loss_error: float | None
+    """|low-precision loss - FP32 loss| / |FP32 loss| (None: a loss was not finite)."""
+    grad_cosine: float | None
+    """Cosine between the flattened low-precision and FP32 gradient vectors (None: no
+    backward)."""
+    compared: int
+    """Ops whose outputs were compared with FP32's."""
+    largest_error: float | None = None
+    """The largest per-op relative error measured (max |low - fp32| / max |fp32|)."""
+    largest_at: str = ""
+    """Where it was: ``op (file:line)``."""
+    complete: bool = True
+    """False when the byte budget left some ops uncompared."""
+
+    def render(self) -> str:
+        """``loss off by 0.12%, gradient cosine 0.99993, 41 ops compared``."""
+        parts = [
+            "loss not finite" if self.loss_error is None
+            else f"loss off by {_percent(self.loss_error)}"
+        ]
+        if self.grad_cosine is not None:
+            parts.append(f"gradient cosine {self.grad_cosine:.5f}")
+        parts.append(f"{self.compared} ops compared" + ("" if self.complete else " (budget hit)"))
+        if self.largest_error is not None and self.largest_at:
+            parts.append(f"largest op error {_percent(self.largest_error)} at {self.largest_at}")
+        return ", ".join(parts)
+
+
+def _percent(value: float) -> str:
+    if value == float("inf"):
+        return "inf"
+    return f"{value * 100:.3g}%"
+
+
+@dataclass(frozen=True)
 class Report:
     target: ScanTarget
     findings: tuple[Finding, ...]
@@ -348,6 +388,8 @@ class Report:
     precision: PrecisionWork | None = None
     """How much of the low-precision pass's work ran in FP32, per module (None when no pass
     ran): a fix's cost is measured against it."""
+    precision_check: PrecisionVerdict | None = None
+    """The loss and gradients against FP32's, when the precision check ran."""
 
     @property
     def active(self) -> tuple[Finding, ...]:

@@ -24,6 +24,7 @@ from nan_hunter.pass_state import (
     rng_state,
     set_rng_state,
 )
+from nan_hunter.precision.compare import OpObserver
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog
 from nan_hunter.trace.deferred import StaleStatistics
@@ -46,6 +47,7 @@ def run_pass(
     grad_scale: float = 1.0,
     gradients: GradientLog | None = None,
     count_all: bool = False,
+    observer: OpObserver | None = None,
 ) -> PassResult:
     """One traced forward + loss (+ backward) of ``model`` on ``batch``.
 
@@ -53,7 +55,8 @@ def run_pass(
     and backward (the FP16 emulation); ``half`` runs model and batch in ``fmt``'s dtype, ``fp32``
     runs their FP16/BF16 tensors in FP32 (the reference pass of a model already in ``.half()``). The
     backward starts from ``loss * grad_scale``, as ``GradScaler.scale(loss)`` does; ``gradients``
-    is the log ``numerics`` fills during it (per-parameter underflow is read from it).
+    is the log ``numerics`` fills during it (per-parameter underflow is read from it);
+    ``observer`` is told each traced op's tensors and the gradients (the precision check).
 
     Statistics are read back in batches; if the model wrote to a waiting tensor out of the
     tracer's sight (``StaleStatistics``), the pass runs again, RNG state rewound, reading every
@@ -66,7 +69,7 @@ def run_pass(
     with PassRunner(
         model, lambda: batch, loss_fn, fmt, first_then_anew(precision), no_numerics,
         backward=backward, half=half, fp32=fp32, count_all=count_all, retain_bytes=-1,
-        outer=first_then_anew(numerics),
+        outer=first_then_anew(numerics), observer=observer,
     ) as runner:  # fmt: skip
         return runner.run(grad_scale, gradients)
 
@@ -114,7 +117,10 @@ class PassRunner:
         retain_bytes: int | None = None,
         outer: Callable[[], contextlib.AbstractContextManager[Any] | None] | None = None,
         exact_zeros: bool = True,
+        observer: OpObserver | None = None,
     ) -> None:
+        self._observer = observer
+        """Told each traced op's tensors and the gradients (``precision.compare``)."""
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._exact_zeros = exact_zeros
         """Count every FP16 result's zeros exactly (else large ones' are estimated, until a
@@ -180,6 +186,13 @@ class PassRunner:
             if gradients is not None:
                 gradients.reset(depth=self._policy.log_depth)
 
+    @property
+    def analysed_rng(self) -> RngState | None:
+        """The RNG state the forward of the last pass run with ``events`` started from: another
+        pass started from it draws the same dropout masks (the FP32 pass the precision check
+        compares op by op)."""
+        return self._analysed_rng
+
     def recount(self, result: PassResult) -> PassResult:
         """``result`` (this runner's last pass) with its forward events counted exactly: if
         zeros were estimated, the forward runs again, traced, from the RNG state the forward
@@ -222,7 +235,7 @@ class PassRunner:
             self._model, self._batch(), self._loss_fn, self._fmt, self._numerics,
             half=self._half, fp32=self._fp32, count_all=self._count_all, depth=policy.depth,
             backward=backward, every_histogram=policy.every_histogram,
-            exact_zeros=self._exact_zeros, traced=traced,
+            exact_zeros=self._exact_zeros, traced=traced, observer=self._observer,
         )  # fmt: skip
 
     def _whole(self, scale: float, gradients: GradientLog | None, events: bool) -> PassResult:

@@ -29,6 +29,7 @@ SETTING_FLAGS = {
     "dtype": "dtype", "device": "device", "policy": "policy", "mode": "mode",
     "numerics": "numerics", "backward": "backward", "grad_scale": "grad_scale",
     "select": "select", "ignore": "ignore", "fail_on": "fail_on", "min_headroom": "min_headroom",
+    "precision_check": "precision_check",
     "verify": "verify_fixes", "lr": "lr",
 }  # fmt: skip
 """Flags that override a setting (``configs/default.yaml``, the project's file, ``--config``):

@@ -24,6 +24,7 @@ from nan_hunter.errors import UserCodeError
 from nan_hunter.location import SourceLocation
 from nan_hunter.model_state import ModelState, cast_model, to_dtype
 from nan_hunter.pass_state import RngState
+from nan_hunter.precision.compare import OpObserver
 from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
 from nan_hunter.precision.gradients import GradientLog, GradRecord
 from nan_hunter.precision.heap import trim_heap, trims_paced_by
@@ -104,6 +105,7 @@ class TracedForward:
         every_histogram: bool = False,
         exact_zeros: bool = True,
         traced: bool = True,
+        observer: OpObserver | None = None,
     ) -> None:
         from nan_hunter.trace.op_calls import UntracedOps
         from nan_hunter.trace.tracer import OpTracer
@@ -121,8 +123,9 @@ class TracedForward:
         )
         self._tracer = OpTracer(
             self._modules, fmt, count_all=count_all, before_write=self._state.protect,
-            depth=depth, exact_zeros=exact_zeros,
+            depth=depth, exact_zeros=exact_zeros, observer=observer,
         )  # fmt: skip
+        self._observer = observer
         self._ops = self._tracer if traced else UntracedOps(self._state.protect)
         """The forward's function mode: the tracer, or without it what it does besides
         recording (an in-place write to a parameter protected, a refused op replayed in FP32)."""
@@ -214,6 +217,8 @@ class TracedForward:
             ):
                 grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
             backward_ran = True
+            if events and self._observer is not None:
+                self._observer.on_gradients(grads)
             if all(g is None for g in grads):
                 skipped = "no parameter gets a gradient from the loss"
             if gradients is not None:

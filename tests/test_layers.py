@@ -33,7 +33,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.runner",
     )),
     ("results", ("nan_hunter.ranges", "nan_hunter.findings", "nan_hunter.suppressions")),
-    ("analysis", ("nan_hunter.candidate", "nan_hunter.analysis", "nan_hunter.headroom")),
+    ("analysis", (
+        "nan_hunter.candidate", "nan_hunter.analysis", "nan_hunter.headroom",
+        "nan_hunter.precision_loss",
+    )),
     ("rules", ("nan_hunter.rules",)),
     ("fixes", ("nan_hunter.fixes",)),
     ("report", ("nan_hunter.report",)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,29 @@ class FloatFormat:
         if value == 0:
             return False
         return self.round(value) == 0
+
+    @property
+    def significant_bits(self) -> int:
+        """Bits of significand, the implicit one included: 8 for BF16, 11 for FP16, 24 for
+        FP32."""
+        return round(-math.log2(self.eps)) + 1
+
+    @property
+    def eps(self) -> float:
+        """The gap between 1 and the next number of the format (``torch.finfo(dtype).eps``)."""
+        return self.smallest_subnormal / self.smallest_normal
+
+    @property
+    def unit_roundoff(self) -> float:
+        """The largest relative error of one rounding to nearest: 2**-8 for BF16, 2**-11 for
+        FP16."""
+        return self.eps / 2
+
+    @property
+    def exact_integers(self) -> float:
+        """Every integer up to this one is exact in the format (256 in BF16, 2048 in FP16);
+        beyond it some are rounded to a neighbour."""
+        return 2.0**self.significant_bits
 
     def round(self, value: float) -> float:
         """A Python number rounded to this format (to nearest, as a cast does)."""

@@ -141,7 +141,26 @@ def report_dict(report: Report) -> dict[str, Any]:
             "not_checked": list(t.unchecked),
         }
         | ({"suppressed": len(report.suppressed)} if report.suppressed else {}),
-    } | _training(report)
+    } | _training(report) | _precision(report)
+
+
+def _precision(report: Report) -> dict[str, Any]:
+    """The precision check's verdict; nothing when it did not run (the shape unchanged)."""
+    p = report.precision_check
+    if p is None:
+        return {}
+    return {"precision": {
+        "loss_relative_error": _finite_or_none(p.loss_error),
+        "grad_cosine": p.grad_cosine,
+        "ops_compared": p.compared,
+        "largest_op_error": _finite_or_none(p.largest_error),
+        "largest_op_error_at": p.largest_at,
+        "complete": p.complete,
+    }}
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) or math.isnan(value) else value
 
 
 def _training(report: Report) -> dict[str, Any]:

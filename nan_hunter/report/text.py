@@ -74,6 +74,9 @@ def render_text(
         f"on {_safe(t.device)} (policy {_safe(t.policy)}"
         f"{', ' + _safe(t.loss_scaling.render()) if t.loss_scaling else ''})",
     )
+    if report.precision_check is not None:
+        _hanging(console, "  [bold]precision vs FP32:[/]",
+                 _safe(report.precision_check.render()))
     for note in t.notes:
         _hanging(console, "  [dim]note[/] ", _safe(note))
     for note in t.unchecked:

@@ -46,6 +46,8 @@ class OpEvent:
     flops: int = 0
     """Matmul and convolution FLOPs of the call (``nan_hunter.trace.flops``); 0 for any other
     op."""
+    ints: tuple[int, ...] = ()
+    """Python int arguments, in call order (a reduction's ``dim``)."""
 
     @cached_property
     def inputs_finite(self) -> bool:

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from nan_hunter._nest import call_leaves, leaves, output_leaves
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.location import SourceLocation
+from nan_hunter.precision.compare import OpObserver
 from nan_hunter.precision.failures import PolicyFailure
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.trace import deferred
@@ -85,6 +86,7 @@ class _OpRecord(NamedTuple):
     call_site: SourceLocation | None
     custom_function: bool = False
     flops: int = 0
+    ints: tuple[int, ...] = ()
 
 
 class OpTracer(TorchFunctionMode):
@@ -104,8 +106,11 @@ class OpTracer(TorchFunctionMode):
         before_write: Callable[[torch.Tensor], None] | None = None,
         depth: int | None = None,
         exact_zeros: bool = True,
+        observer: OpObserver | None = None,
     ) -> None:
         super().__init__()
+        self._observer = observer
+        """Told each recorded op's tensors (the precision check's comparison)."""
         self._before_write = before_write
         """Called with the tensor an in-place op is about to write (to snapshot weights)."""
         self._modules = modules
@@ -196,6 +201,7 @@ class OpTracer(TorchFunctionMode):
                     call_site=r.call_site,
                     custom_function=r.custom_function,
                     flops=r.flops,
+                    ints=r.ints,
                 )
             )
         return self._events
@@ -374,9 +380,16 @@ class OpTracer(TorchFunctionMode):
                 call_site,
                 False,
                 matmul_flops(base_name(func), args, kwargs, out_tensors),
+                ints=tuple(x for x in flat if type(x) is int),
             )
         )
         self._watch_backward(out_tensors, index)
+        if self._observer is not None:
+            self._observer.on_op(
+                (*site, self._occurrences[site]),
+                [x for x in flat if isinstance(x, torch.Tensor)],
+                out_tensors,
+            )
         if not self._origin_found and self._queue.pending == 0:
             self._on_flush()  # summarised at once (depth 1): look for the origin now
 

@@ -1,0 +1,214 @@
+"""Each op's low-precision result against the same op's FP32 result: the precision check.
+
+The low-precision pass keeps its ops' floating outputs (``KeptOutputs``, detached, within a byte
+budget) and its gradients; the FP32 reference pass, traced, hands each op's outputs to an
+``ErrorMeter`` that finds the kept ones by the op's key (``OpEvent.key``: op, file, line,
+occurrence) and measures, without a read-back per op::
+
+    error = max |low - fp32| / max |fp32|      (robust to zeros; 0 when both are 0)
+
+and, where the low-precision values may be integers past the format's exact range (above 256 in
+BF16, 2048 in FP16), whether the FP32 values are integers. After the backward it compares the
+flattened gradient vectors (their cosine). ``ErrorMeter.result()`` reads everything back at once.
+
+The tracer calls ``on_op(key, inputs, outputs)`` after each recorded op, and
+``on_gradients(grads)`` after a traced backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.trace import torch_originals as real
+
+OpKey = tuple[str, str, int, int]
+
+
+class OpObserver(Protocol):
+    """What a traced pass tells the precision check: each recorded op's tensors (inputs in the
+    order of ``OpEvent.inputs``), and the gradients of a traced backward."""
+
+    def on_op(
+        self, key: OpKey, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> None: ...
+
+    def on_gradients(self, grads: tuple[torch.Tensor | None, ...]) -> None: ...
+
+MAX_KEPT_BYTES = 1 << 30
+"""At most this many bytes of low-precision outputs are kept for the comparison (1 GiB); the ops
+after that are not compared (``PrecisionCheck.compared`` says how many were)."""
+
+
+@dataclass(frozen=True)
+class OpError:
+    """One op's measured error against FP32 (its outputs together)."""
+
+    error: float
+    """max |low - fp32| / max |fp32| over its floating outputs; inf where only one is 0."""
+    ref_abs_max: float
+    integer_outputs: bool = False
+    """The FP32 outputs are integers, some beyond the format's exact range."""
+    integer_inputs: tuple[int, ...] = ()
+    """Positions of FP32 inputs that are integers beyond the format's exact range."""
+
+
+@dataclass(frozen=True)
+class PrecisionCheck:
+    """What the comparison measured: per op key, and for the gradients."""
+
+    errors: dict[OpKey, OpError] = field(default_factory=dict)
+    grad_cosine: float | None = None
+    """Cosine of the flattened low-precision and FP32 gradient vectors (None: no backward)."""
+    kept_all: bool = True
+    """False when the byte budget left later ops uncompared."""
+
+
+class KeptOutputs:
+    """The low-precision pass's side: each op's floating outputs, by key, and the gradients."""
+
+    def __init__(self, max_bytes: int = MAX_KEPT_BYTES) -> None:
+        self.outputs: dict[OpKey, tuple[tuple[torch.Tensor, int] | None, ...]] = {}
+        self.grads: tuple[torch.Tensor | None, ...] = ()
+        self._bytes = 0
+        self._max = max_bytes
+        self._closed = False
+        self.kept_all = True
+
+    def on_op(
+        self, key: OpKey, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> None:
+        if self._closed:
+            return  # compared already (a recount's forward runs after)
+        old = self.outputs.pop(key, None)  # the same op again (a pass run anew)
+        if old is not None:
+            self._bytes -= sum(_nbytes(t) for t, _ in filter(None, old))
+        size = sum(_nbytes(t) for t in outputs if t.is_floating_point())
+        if self._bytes + size > self._max:
+            self.kept_all = False
+            return
+        self._bytes += size
+        self.outputs[key] = tuple(
+            (t.detach(), t._version) if t.is_floating_point() and not t.is_inference() else None
+            for t in outputs
+        )
+
+    def on_gradients(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        if self._closed:
+            return
+        self.grads = tuple(g.detach() if g is not None else None for g in grads)
+
+    def release(self) -> None:
+        """Let go of everything kept; nothing is kept after."""
+        self.outputs, self.grads, self._closed = {}, (), True
+
+
+class ErrorMeter:
+    """The FP32 reference pass's side: each op's error against ``kept``'s, read back once.
+
+    ``integer_checks``: the keys whose values may be integers past ``fmt``'s exact range (from
+    the low-precision pass's statistics), with the input positions to check."""
+
+    def __init__(
+        self, kept: KeptOutputs, fmt: FloatFormat, integer_checks: dict[OpKey, tuple[int, ...]]
+    ) -> None:
+        self._kept, self._fmt, self._checks = kept, fmt, integer_checks
+        self._keys: list[OpKey] = []
+        self._values: list[torch.Tensor] = []
+        """Per measured key: [max |low - fp32|, max |fp32|, integer outputs, integer inputs...]."""
+        self._cosine: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def on_op(
+        self, key: OpKey, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> None:
+        kept = self._kept.outputs.pop(key, None)
+        if kept is None or len(kept) != len(outputs):
+            return
+        diffs, mags = [], []
+        with torch.no_grad():
+            for pair, ref in zip(kept, outputs, strict=True):
+                if pair is None or not ref.is_floating_point() or ref.is_complex():
+                    continue
+                low, version = pair
+                if low._version != version or low.shape != ref.shape or low.numel() == 0:
+                    return  # written over in place since: nothing to compare with
+                ref32 = ref.detach().float()
+                diffs.append((low.float() - ref32).abs().amax())
+                mags.append(ref32.abs().amax())
+            if not diffs:
+                return
+            row = [torch.stack(diffs).amax(), torch.stack(mags).amax()]
+            positions = self._checks.get(key)
+            if positions is not None:
+                row.append(_integers([o for o in outputs if o.is_floating_point()], self._fmt))
+                row += [_integers([inputs[i]], self._fmt) for i in positions if i < len(inputs)]
+            self._values.append(torch.stack([v.float() for v in row]))
+        self._keys.append(key)
+
+    def on_gradients(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        low = self._kept.grads
+        if len(low) != len(grads):
+            return
+        dot = n_low = n_ref = torch.zeros((), dtype=torch.float64)
+        with torch.no_grad():  # one read-back per parameter on a GPU: after the pass, once
+            for a, b in zip(low, grads, strict=True):
+                if a is None or b is None or a.shape != b.shape:
+                    continue
+                a64, b64 = a.detach().double().flatten(), b.detach().double().flatten()
+                dot = dot + (a64 * b64).sum().cpu()
+                n_low = n_low + (a64 * a64).sum().cpu()
+                n_ref = n_ref + (b64 * b64).sum().cpu()
+        self._cosine = (dot, n_low, n_ref)
+
+    def result(self) -> PrecisionCheck:
+        """Everything measured, read back in one go."""
+        errors: dict[OpKey, OpError] = {}
+        flat = torch.cat([v.cpu() for v in self._values]).tolist() if self._values else []
+        start = 0
+        for key, row in zip(self._keys, self._values, strict=True):
+            values = flat[start : start + row.numel()]
+            start += row.numel()
+            diff, mag = values[0], values[1]
+            error = _relative(diff, mag)
+            positions = self._checks.get(key, ())
+            integer_outputs = len(values) > 2 and values[2] > 0
+            integer_inputs = tuple(
+                p for p, flag in zip(positions, values[3:], strict=False) if flag > 0
+            )
+            errors[key] = OpError(error, mag, integer_outputs, integer_inputs)
+        cosine = None
+        if self._cosine is not None:
+            dot, a, b = (float(v) for v in self._cosine)
+            cosine = dot / math.sqrt(a * b) if a > 0 and b > 0 else (1.0 if a == b else 0.0)
+        return PrecisionCheck(errors, cosine, self._kept.kept_all)
+
+
+def _relative(diff: float, mag: float) -> float:
+    if math.isnan(diff) or math.isnan(mag):
+        return math.inf
+    if mag == 0:
+        return 0.0 if diff == 0 else math.inf
+    return diff / mag
+
+
+def _integers(tensors: list[torch.Tensor], fmt: FloatFormat) -> torch.Tensor:
+    """1 when every value of ``tensors`` is an integer and some is beyond ``fmt``'s exact
+    integers (256 in BF16), else 0 (a 0-d tensor: no read-back here)."""
+    flags = []
+    for t in tensors:
+        x = t.detach()
+        if not x.is_floating_point() or x.numel() == 0:
+            return torch.zeros(())
+        whole = real.isfinite(x).all() & (x == x.round()).all()
+        flags.append(whole & (x.abs().amax() > fmt.exact_integers))
+    if not flags:
+        return torch.zeros(())
+    return torch.stack(flags).all().float()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
