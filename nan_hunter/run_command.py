@@ -122,7 +122,7 @@ def run_script(request: RunRequest) -> None:
             width=report_width(sys.stderr), precision_given=given,
             protected=tuple(protected.items()), status_file=status,
             repro=not request.no_save_repro, repro_folder=repro,
-            repro_max_bytes=int(request.repro_max_mb * 2**20), spikes=spikes,
+            repro_max_mb=request.repro_max_mb, spikes=spikes,
             spikes_are_problems=request.spikes_are_problems,
         )
         command = [sys.executable, "-c", BOOT, str(Path(_HOME).parent), job.encode(), *args]

@@ -70,7 +70,7 @@ class RunJob:
     """Save the problem step's reproduction bundle (``training.repro``)."""
     repro_folder: str | None = None
     """``--save-repro DIR`` (absolute); None: a new folder in the working directory."""
-    repro_max_bytes: int = 512 * 2**20
+    repro_max_mb: float = 512
     spikes: SpikeRule | None = None
     """The loss spike rule; None: off."""
     spikes_are_problems: bool = False
@@ -311,7 +311,7 @@ class _State:
             return None
         folder = Path(job.repro_folder) if job.repro_folder is not None else None
         try:
-            return write_bundle(event.repro, folder, job.repro_max_bytes, Path.cwd())
+            return write_bundle(event.repro, folder, job.repro_max_mb, Path.cwd())
         except NanHunterError as exc:
             return ReproBundle(job.repro_folder or "", 0, written=False, note=str(exc))
         except Exception as exc:  # a model whose state cannot be read: the run goes on
@@ -501,6 +501,9 @@ def problem_line(event: RunEvent, where: str) -> str:
     if first is None:
         found = f"{len(report.active)} warning{'s' * (len(report.active) != 1)}" if (
             report.active) else "nothing"
+        if event.reason.value == "loss_spike":
+            return line + (f"; the re-run of {event.model} finds no error ({found}): no FP16 "
+                           f"overflow in its forward explains the spike (report {where})")
         return line + (
             f"; the re-run of {event.model} finds no error ({found}): the non-finite values "
             f"came from outside its forward (another rank's gradients, the loss) (report {where})"

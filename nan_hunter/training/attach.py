@@ -422,15 +422,22 @@ class ScriptWatch:
         if watch is None:  # update() without step(): nothing to check
             return
         used, skipped, scale_problem = watch.observe(float(scaler.get_scale()))
-        losses_ok = True
+        losses_ok, loss_read = True, None
         if skipped and self._losses:  # the optimizer pre-hook did not run: check the loss here
-            flags = self._loss_flags()
-            losses_ok = bool(torch.stack(flags).all())
+            flags = [f.float() for f in self._loss_flags()]
+            loss_value = self._spike_value(None)  # scaled: divided by the scale used, below
+            read = torch.stack(
+                [*flags, *([loss_value.to(flags[0].device)] if loss_value is not None else [])]
+            ).tolist()
+            loss_read = read.pop() / (used or 1.0) if loss_value is not None else None
+            losses_ok = all(read)
         problem = step_verdict(
             loss=None if losses_ok else self._first_bad_loss(), loss_ok=losses_ok,
             grads_ok=True, scaled=True,
             scale_problem=scale_problem, bad_grads=lambda: "",
         )
+        if loss_read is not None and problem is None:
+            problem = self._spike(loss_read)
         optimizer, scale = self._scaler_optimizer, used
         pending, self._pending = self._pending, None
         if pending is not None:  # the pre-hook's verdict, held for the ranks' agreement

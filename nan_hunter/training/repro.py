@@ -131,10 +131,11 @@ def plan_bundle(source: ReproSource, folder: Path) -> Plan:
     return Plan(tuple(files), estimate, tuple(left_out))
 
 
-def write_bundle(source: ReproSource, folder: Path | None, max_bytes: int,
+def write_bundle(source: ReproSource, folder: Path | None, max_mb: float,
                  where: Path) -> ReproBundle:
     """Write the bundle into ``folder`` (None: a new ``default_folder`` in ``where``), unless it
-    would exceed ``max_bytes``: then nothing is written and the result says why."""
+    would exceed ``max_mb`` MB (2**20 bytes): then nothing is written and the result says why."""
+    max_bytes = max_mb * 2**20
     target = folder if folder is not None else default_folder(source.step, where)
     try:
         plan = plan_bundle(source, target.resolve())
@@ -144,7 +145,7 @@ def write_bundle(source: ReproSource, folder: Path | None, max_bytes: int,
         return ReproBundle(
             str(target), plan.estimate, written=False,
             note=f"it would hold {megabytes(plan.estimate)}, over --repro-max-mb "
-                 f"{max_bytes / 2**20:g}: nothing written",
+                 f"{max_mb:g}: nothing written",
         )
     size = write_new_folder(target, [(name, _writer(obj)) for name, obj in plan.files])
     note = ("left out (not plain data; edit build_model() if the forward needs them): "
