@@ -6,7 +6,9 @@ new one, never a truncated mix. An existing target keeps its permission bits and
 root, its owner. ``replace_with_backup`` (``--fix``) first writes the current source to a new
 backup (``FILE.orig``, or ``FILE.orig.1``, ``FILE.orig.2``... when that name is taken: an existing
 backup is never trusted nor overwritten), fsynced and checked byte for byte, and only then
-replaces the source. Failures raise ``WriteError`` with one line naming the file; nothing was
+replaces the source. ``write_new_folder`` (``run``'s reproduction bundle) writes a whole
+folder beside its target and renames it there when complete, never over a folder that holds
+anything. Failures raise ``WriteError`` with one line naming the file; nothing was
 changed then.
 """
 
