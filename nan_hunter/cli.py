@@ -107,6 +107,13 @@ def run(
     patch: o.Patch = None,
     verify: o.Verify = None,
     quiet: o.Quiet = False,
+    save_repro: o.SaveRepro = None,
+    no_save_repro: o.NoSaveRepro = False,
+    repro_max_mb: o.ReproMaxMb = 512,
+    spike_factor: o.SpikeFactor = 10.0,
+    spike_window: o.SpikeWindow = 50,
+    spike_warmup: o.SpikeWarmup = 10,
+    spikes_are_problems: o.SpikesAreProblems = False,
 ) -> None:
     """Run a training script unmodified; re-run and report its first step that breaks."""
     request = {**locals(), "args": args or []}

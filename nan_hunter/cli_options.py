@@ -290,3 +290,46 @@ RunDtype = Annotated[
     choices.DType | None,
     typer.Option(help="Dtype of the re-run.  [default: the one the step ran in]"),
 ]
+SaveRepro = Annotated[
+    Path | None,
+    typer.Option(
+        "--save-repro", metavar="DIR",
+        help="Save the problem step's reproduction bundle (weights, inputs, output gradients, "
+        "RNG, a model.py for nan-hunter scan) into DIR, a new or empty folder.  [default: a new "
+        "nan-hunter-repro-stepN folder in the working directory]",
+        show_default=False,
+    ),
+]
+NoSaveRepro = Annotated[
+    bool, typer.Option("--no-save-repro", help="Save no reproduction bundle.")
+]
+ReproMaxMb = Annotated[
+    float,
+    typer.Option(
+        "--repro-max-mb", min=0,
+        help="The most a reproduction bundle may hold, in MB (2**20 bytes): a larger one is "
+        "not written.",
+    ),
+]
+SpikeFactor = Annotated[
+    float,
+    typer.Option(
+        "--spike-factor",
+        help="A loss above this many times the median of the recent ones is a spike (a warning "
+        "line); 0 turns the spike check off.",
+    ),
+]
+SpikeWindow = Annotated[
+    int, typer.Option("--spike-window", min=1, help="Recent losses whose median a loss is "
+                      "compared with.")
+]
+SpikeWarmup = Annotated[
+    int, typer.Option("--spike-warmup", min=1, help="Losses seen before any is judged a spike.")
+]
+SpikesAreProblems = Annotated[
+    bool,
+    typer.Option(
+        "--spikes-are-problems",
+        help="A loss spike is a problem step (report, re-run, --on-problem), not a warning.",
+    ),
+]

@@ -297,6 +297,19 @@ def scale_text(scale: float) -> str:
 
 
 @dataclass(frozen=True)
+class ReproBundle:
+    """The folder ``nan-hunter run`` saved a problem step into (``nan-hunter scan
+    PATH/model.py`` reproduces it), or why it did not."""
+
+    path: str
+    size_bytes: int
+    """Bytes written; when not ``written``, the bytes it would have needed (0: unknown)."""
+    written: bool
+    note: str = ""
+    """What was left out, or why nothing was written."""
+
+
+@dataclass(frozen=True)
 class TrainingSteps:
     """What ``nan-hunter run`` checked of a training script: the ``training`` object of the
     JSON report (absent from ``scan``'s reports)."""
@@ -309,6 +322,9 @@ class TrainingSteps:
     losses_checked: int = 0
     """Backward passes whose loss was checked with no torch optimizer seen (weights updated by
     hand): the loss only, not the gradients nor the update."""
+
+    repro: ReproBundle | None = None
+    """The reproduction bundle of the problem step (``--save-repro``), when one was tried."""
 
     @property
     def nothing_checked(self) -> bool:

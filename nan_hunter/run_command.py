@@ -35,6 +35,7 @@ from nan_hunter.cli_options import EXIT_ERROR
 from nan_hunter.command_output import fail
 from nan_hunter.errors import NanHunterError
 from nan_hunter.run_job import _HOME, BOOT, EXIT_PROBLEM, ON_PROBLEM_CHOICES, RunJob
+from nan_hunter.spikes import SpikeRule
 from nan_hunter.terminal import ColorChoice
 
 
@@ -54,6 +55,13 @@ class RunRequest:
     patch: Path | None
     verify: bool | None
     quiet: bool
+    save_repro: Path | None = None
+    no_save_repro: bool = False
+    repro_max_mb: float = 512
+    spike_factor: float = 10.0
+    spike_window: int = 50
+    spike_warmup: int = 10
+    spikes_are_problems: bool = False
 
 
 def run_script(request: RunRequest) -> None:
@@ -96,6 +104,8 @@ def run_script(request: RunRequest) -> None:
             DEFAULT_CONFIG, *([project.path] if project is not None else [])
         ])
         refuse_overwrite(output, patch, protected)
+        repro = _repro_folder(request)
+        spikes = _spike_rule(request)
     except NanHunterError as exc:
         raise fail(str(exc)) from None
     given = frozenset(
@@ -111,6 +121,9 @@ def run_script(request: RunRequest) -> None:
             quiet=request.quiet, color=wants_color(ColorChoice.auto, sys.stderr),
             width=report_width(sys.stderr), precision_given=given,
             protected=tuple(protected.items()), status_file=status,
+            repro=not request.no_save_repro, repro_folder=repro,
+            repro_max_mb=request.repro_max_mb, spikes=spikes,
+            spikes_are_problems=request.spikes_are_problems,
         )
         command = [sys.executable, "-c", BOOT, str(Path(_HOME).parent), job.encode(), *args]
         code = _wait(command)
@@ -120,6 +133,30 @@ def run_script(request: RunRequest) -> None:
     elif "refused" in said and code == 0:
         code = EXIT_ERROR
     raise typer.Exit(code)
+
+
+def _repro_folder(request: RunRequest) -> str | None:
+    """``--save-repro DIR`` as an absolute path, refused now when DIR holds something (the
+    bundle is never written over anything) or comes with ``--no-save-repro``."""
+    folder = _absolute(request.save_repro)
+    if folder is None:
+        return None
+    if request.no_save_repro:
+        raise NanHunterError("--save-repro and --no-save-repro contradict each other")
+    if folder.is_symlink() or (folder.exists() and (not folder.is_dir() or any(folder.iterdir()))):
+        raise NanHunterError(f"--save-repro {request.save_repro}: it exists and is not an empty "
+                             "folder; choose a new one")
+    return str(folder)
+
+
+def _spike_rule(request: RunRequest) -> SpikeRule | None:
+    """The spike rule, None when ``--spike-factor 0`` turned it off."""
+    if request.spike_factor == 0:
+        if request.spikes_are_problems:
+            raise NanHunterError("--spikes-are-problems needs the spike check (--spike-factor "
+                                 "above 1)")
+        return None
+    return SpikeRule(request.spike_factor, request.spike_window, request.spike_warmup)
 
 
 def _read_before(

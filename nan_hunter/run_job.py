@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from nan_hunter.config import Settings
-    from nan_hunter.findings import Report
+    from nan_hunter.findings import Report, ReproBundle
+    from nan_hunter.spikes import SpikeRule
     from nan_hunter.training.attach import RunEvent, ScriptWatch
     from nan_hunter.training.clipping import WatchWarning
     from nan_hunter.training.hook_failures import WatchFailed
@@ -65,6 +66,14 @@ class RunJob:
     """Where the script's process tells the command line what it reported (``problem``,
     ``refused``), so that the exit code holds whatever the script's exit path
     (``os._exit``, a signal, a thread)."""
+    repro: bool = True
+    """Save the problem step's reproduction bundle (``training.repro``)."""
+    repro_folder: str | None = None
+    """``--save-repro DIR`` (absolute); None: a new folder in the working directory."""
+    repro_max_mb: float = 512
+    spikes: SpikeRule | None = None
+    """The loss spike rule; None: off."""
+    spikes_are_problems: bool = False
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)).decode()
@@ -117,6 +126,7 @@ def run(job: RunJob, args: list[str]) -> int:
     watch = ScriptWatch(
         job.settings, state.on_problem, max_steps=job.max_steps,
         precision_given=job.precision_given, on_warning=state.on_warning,
+        keep_repro=job.repro, spikes=job.spikes, spikes_are_problems=job.spikes_are_problems,
     )
     state.watch = watch
     os.register_at_fork(after_in_child=state.forked)
@@ -278,8 +288,8 @@ class _State:
         message = warning.message
         if warning.where:
             message = message.replace(warning.where, _shown_where(warning.where))
-        self.say(f"warning: training step {warning.step}: {message}; fix: "
-                 + "; ".join(warning.fix.splitlines()))
+        fix = "; fix: " + "; ".join(warning.fix.splitlines()) if warning.fix else ""
+        self.say(f"warning: training step {warning.step}: {message}{fix}")
 
     def on_problem(self, event: RunEvent) -> None:
         from nan_hunter.training.events import TrainingProblem, WatchEvent
@@ -294,8 +304,15 @@ class _State:
             )
         if self.first is None:
             self.first = event
+        bundle = self._save_repro(event)
+        if bundle is not None and event.report is not None and event.report.training is not None:
+            training = dataclasses.replace(event.report.training, repro=bundle)
+            event = dataclasses.replace(
+                event, report=dataclasses.replace(event.report, training=training))
         where = self._write(event)
         self.say(problem_line(event, where))
+        if bundle is not None:
+            self.say(repro_line(bundle))
         if job.patch is not None and event.report is not None:
             self._write_patch(event.report)
         if job.on_problem == "stop":
@@ -306,6 +323,25 @@ class _State:
                 step=event.step, reason=event.reason, report=event.report,
                 detail=event.detail, scale=event.scale, pre_step=True,
             ))
+
+    def _save_repro(self, event: RunEvent) -> ReproBundle | None:
+        """The step's reproduction bundle (``training.repro``), written before the update; what
+        it is, or None when none was asked for or the step was not re-run."""
+        from nan_hunter.errors import NanHunterError
+        from nan_hunter.findings import ReproBundle
+        from nan_hunter.training.repro import write_bundle
+
+        job = self.job
+        if not job.repro or event.repro is None:
+            return None
+        folder = Path(job.repro_folder) if job.repro_folder is not None else None
+        try:
+            return write_bundle(event.repro, folder, job.repro_max_mb, Path.cwd())
+        except NanHunterError as exc:
+            return ReproBundle(job.repro_folder or "", 0, written=False, note=str(exc))
+        except Exception as exc:  # a model whose state cannot be read: the run goes on
+            return ReproBundle(job.repro_folder or "", 0, written=False,
+                               note=f"{type(exc).__name__}: {exc}")
 
     def _write(self, event: RunEvent) -> str:
         """The text report on stderr (``--format`` there without ``--output``), the report in
@@ -523,6 +559,9 @@ def problem_line(event: RunEvent, where: str) -> str:
     if first is None:
         found = f"{len(report.active)} warning{'s' * (len(report.active) != 1)}" if (
             report.active) else "nothing"
+        if event.reason.value == "loss_spike":
+            return line + (f"; the re-run of {event.model} finds no error ({found}): no FP16 "
+                           f"overflow in its forward explains the spike (report {where})")
         return line + (
             f"; the re-run of {event.model} finds no error ({found}): the non-finite values "
             f"came from outside its forward (another rank's gradients, the loss) (report {where})"
@@ -531,6 +570,18 @@ def problem_line(event: RunEvent, where: str) -> str:
     module = f" in {event.model}" + (f".{first.module}" if first.module not in ("", "(root)")
                                      else "")
     return line + f"; {first.code} {first.op or 'input'}{module}{at} (report {where})"
+
+
+def repro_line(bundle: ReproBundle) -> str:
+    """One line: where the reproduction bundle went and how to re-run it, or why it did not."""
+    from nan_hunter.training.repro import megabytes
+
+    if not bundle.written:
+        return f"no reproduction saved: {bundle.note}"
+    folder = _shown_path(bundle.path)
+    line = (f"reproduction saved to {folder} ({megabytes(bundle.size_bytes)}): "
+            f"nan-hunter scan {os.path.join(folder, 'model.py')}")
+    return line + (f"; {bundle.note}" if bundle.note else "")
 
 
 def _shown_path(file: str) -> str:

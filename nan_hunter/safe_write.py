@@ -6,7 +6,9 @@ new one, never a truncated mix. An existing target keeps its permission bits and
 root, its owner. ``replace_with_backup`` (``--fix``) first writes the current source to a new
 backup (``FILE.orig``, or ``FILE.orig.1``, ``FILE.orig.2``... when that name is taken: an existing
 backup is never trusted nor overwritten), fsynced and checked byte for byte, and only then
-replaces the source. Failures raise ``WriteError`` with one line naming the file; nothing was
+replaces the source. ``write_new_folder`` (``run``'s reproduction bundle) writes a whole
+folder beside its target and renames it there when complete, never over a folder that holds
+anything. Failures raise ``WriteError`` with one line naming the file; nothing was
 changed then.
 """
 
@@ -15,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from nan_hunter.errors import NanHunterError
 
@@ -239,3 +243,50 @@ def _why(exc: OSError) -> str:
     if exc.errno == errno.ENOSPC:
         return "no space left on the device"
     return exc.strerror or str(exc)
+
+
+def new_folder_name(base: Path, limit: int = MAX_BACKUPS) -> Path:
+    """``base``, or ``base-1``, ``base-2``... : the first name nothing holds yet (a folder
+    nan-hunter makes is never one that exists)."""
+    for n in range(limit):
+        candidate = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        if not candidate.exists() and not candidate.is_symlink():
+            return candidate
+    raise WriteError(f"cannot choose a folder name: {base.name} and {limit - 1} numbered "
+                     "ones exist already")
+
+
+def write_new_folder(target: Path, files: Sequence[tuple[str, Callable[[BinaryIO], None]]]) -> int:
+    """Create the folder ``target`` holding ``files`` (name, a writer of its bytes), whole or
+    not at all: they are written and fsynced in a hidden folder beside it, which is then
+    renamed to ``target``. ``target`` must not exist, or be an empty folder; nothing is
+    written over. Returns the bytes written."""
+    target = Path(target)
+    if target.is_symlink() or (target.exists() and (not target.is_dir() or any(target.iterdir()))):
+        raise WriteError(f"refusing to write into {target}: it exists and is not an empty folder")
+    parent = target.parent
+    if not parent.is_dir():
+        raise WriteError(f"cannot write {target}: no folder {parent}")
+    try:
+        temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".nan-hunter", dir=parent))
+    except OSError as exc:
+        raise WriteError(f"cannot write {target}: {_why(exc)}") from exc
+    total = 0
+    try:
+        for name, write in files:
+            path = temp / name
+            with open(path, "xb") as out:
+                write(out)
+                out.flush()
+                os.fsync(out.fileno())
+            total += path.stat().st_size
+        os.chmod(temp, 0o777 & ~_umask())
+        _fsync_folder(temp)
+        os.rename(temp, target)  # atomic; onto an empty folder or none (POSIX)
+    except BaseException as exc:
+        shutil.rmtree(temp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise WriteError(f"cannot write {target}: {_why(exc)}; nothing was written") from exc
+        raise
+    _fsync_folder(parent)
+    return total

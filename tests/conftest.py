@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,3 +111,15 @@ def _scan_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     ``tests/hostile`` runs the real scan process."""
     if "hostile" not in request.node.path.parts:
         monkeypatch.setenv("NAN_HUNTER_IN_PROCESS", "1")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_repro_bundles_left_in_the_repository() -> Iterator[None]:
+    """``nan-hunter run`` saves a reproduction bundle at a problem step, by default into the
+    working directory: the run tests that start in the repository leave theirs behind; the
+    session removes those it made."""
+    before = set(ROOT.glob("nan-hunter-repro-step*"))
+    yield
+    for folder in set(ROOT.glob("nan-hunter-repro-step*")) - before:
+        if (folder / "model.py").is_file():
+            shutil.rmtree(folder, ignore_errors=True)

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "nan_hunter.config", "nan_hunter.options", "nan_hunter.discovery",
         "nan_hunter.targets", "nan_hunter.safe_write", "nan_hunter.choices",
         "nan_hunter.untrusted", "nan_hunter.shared_patch", "nan_hunter.descendants",
+        "nan_hunter.spikes",
     )),
     ("precision/trace", ("nan_hunter.precision", "nan_hunter.trace")),
     ("load/run", (
@@ -59,6 +60,8 @@ IMPORTS_BY_NAME = {
     # the user's model, named on the command line, and its patched copy during verification
     ("nan_hunter.loader", "spec"),
     ("nan_hunter.fixes.in_memory", "name"),
+    # a reproduction bundle's model.py names the modules its classes come from
+    ("nan_hunter.training.repro_load", "name"),
 }
 
 

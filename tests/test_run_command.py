@@ -40,9 +40,10 @@ def ours(stderr: str) -> list[str]:
 
 def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: Path) -> None:
     report, patch = tmp_path / "report.json", tmp_path / "fix.patch"
+    bundle = tmp_path / "bundle"
     done = subprocess.run(
         [*NH, "run", "--format", "json", "-o", str(report), "--patch", str(patch),
-         PAIRS_REL, "--steps", "30"],
+         "--save-repro", str(bundle), PAIRS_REL, "--steps", "30"],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
     )
     assert done.returncode == 1, done.stderr
@@ -50,6 +51,8 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
     assert ours(done.stderr) == [
         "nan-hunter: training step 12: the loss is nan; NH102 Tensor.__matmul__ in "
         f"PairModel.pairs at {PAIRS_REL}:{CULPRIT} (report {report})",
+        f"nan-hunter: reproduction saved to {bundle} (33 KB): nan-hunter scan "
+        f"{bundle}/model.py",
         f"nan-hunter: patch written to {patch}",
         "nan-hunter: 11 optimizer steps checked, 1 problem step (the first at step 12); the "
         "script was stopped (--on-problem stop)",
@@ -60,7 +63,9 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
         "training step 12: the loss is nan; 11 optimizer steps checked before it; re-run from "
         "the step's own inputs and weights"
     ]
+    repro = data["training"].pop("repro")
     assert data["training"] == {"steps_checked": 11, "problem_step": 12, "losses_checked": 0}
+    assert (repro["path"], repro["written"]) == (str(bundle), True)
     first = data["findings"][0]
     assert (first["code"], first["op"], first["module"]) == ("NH102", "Tensor.__matmul__", "pairs")
     assert first["location"]["line"] == CULPRIT
@@ -273,7 +278,10 @@ def test_the_sparse_coding_example_is_named_with_a_verified_patch(tmp_path: Path
     )
     assert code == 1
     assert out.splitlines()[-1].startswith("epoch 6: ")
-    assert ours(err)[0] == (
+    # the loss rises (11x to 39x its running median) before it goes NaN: warnings, then the step
+    assert ours(err)[0] == ("nan-hunter: warning: training step 12: the loss 0.00773 is 11.3x "
+                            "its running median 0.000687")
+    assert ours(err)[9] == (
         "nan-hunter: training step 49: the loss is nan; NH101 torch.matmul in "
         f"SparseCodingEncoder at examples/train_sparse_coding.py:{line} (report {report})"
     )

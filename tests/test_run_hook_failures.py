@@ -124,7 +124,8 @@ def test_the_gradients_set_aside_for_a_skipped_update_are_put_back(tmp_path: Pat
 
 def test_a_problem_found_before_our_failure_keeps_exit_1(tmp_path: Path) -> None:
     script = _script(tmp_path, "step check", at_call=4, nan_at=2)
-    result = runner.invoke(app, ["run", "--no-verify", "--on-problem", "continue", str(script)])
+    result = runner.invoke(app, ["run", "--no-verify", "--no-save-repro", "--on-problem",
+                                 "continue", str(script)])
     assert result.exit_code == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("nan-hunter: ")]
     assert lines[0].startswith("nan-hunter: training step 2: the loss is nan; NH001")

@@ -168,8 +168,14 @@ def _training(report: Report) -> dict[str, Any]:
     run = report.training
     if run is None:
         return {}
-    return {"training": {"steps_checked": run.steps_checked, "problem_step": run.problem_step,
-                         "losses_checked": run.losses_checked}}
+    training: dict[str, Any] = {"steps_checked": run.steps_checked,
+                                "problem_step": run.problem_step,
+                                "losses_checked": run.losses_checked}
+    if run.repro is not None:
+        repro = run.repro
+        training["repro"] = {"path": repro.path, "bytes": repro.size_bytes,
+                             "written": repro.written, "note": repro.note}
+    return {"training": training}
 
 
 def _loss_scale(report: Report) -> dict[str, Any] | None:

@@ -52,6 +52,7 @@ from nan_hunter.errors import InternalError, NanHunterError, first_line
 from nan_hunter.findings import TrainingSteps
 from nan_hunter.loader import unwrap_model
 from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.spikes import SpikeRule, SpikeWatch
 from nan_hunter.training import script_patches
 from nan_hunter.training.checks import ScaleWatch, bad_optimizer_grads, grads_finite_flag
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
@@ -72,7 +73,14 @@ from nan_hunter.training.model_copy import (
     sharded,
     unsharded_copy,
 )
-from nan_hunter.training.rerun import ModelCall, StepPrecision, pick_call, rerun_call
+from nan_hunter.training.repro import ReproSource
+from nan_hunter.training.rerun import (
+    ModelCall,
+    StepPrecision,
+    pick_call,
+    rerun_call,
+    rng_states,
+)
 from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 
 MAX_CALLS = 64
@@ -103,6 +111,9 @@ class ScriptWatch:
         max_reports: int = 1,
         precision_given: frozenset[str] = frozenset(),
         on_warning: Callable[[WatchWarning], None] | None = None,
+        keep_repro: bool = False,
+        spikes: SpikeRule | None = None,
+        spikes_are_problems: bool = False,
     ) -> None:
         self.settings = settings
         self.on_warning = on_warning
@@ -144,6 +155,11 @@ class ScriptWatch:
         self._patches: list[SharedPatch] = []
         self.failure: WatchFailed | None = None
         """Set when a hook of ours failed: the watch is detached and the script ended."""
+        self.keep_repro = keep_repro
+        """Keep each call's RNG states and hand ``on_problem`` a ``ReproSource`` (--save-repro)."""
+        self.spikes = SpikeWatch(spikes) if spikes is not None else None
+        """The spike rule on each optimizer step's loss; None: off."""
+        self.spikes_are_problems = spikes_are_problems
 
     # ------------------------------------------------------------------ install / remove
 
@@ -204,7 +220,9 @@ class ScriptWatch:
             return
         if not any(p.requires_grad for p in module.parameters()):
             return  # a loss module, an activation called on its own
-        self._local.pending = (module, StepPrecision.now(module, args))
+        precision = StepPrecision.now(module, args)
+        self._local.pending = (module, precision,
+                               rng_states(precision) if self.keep_repro else None)
 
     @script_entry("the module forward hook")
     def _post_forward(self, module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
@@ -218,7 +236,7 @@ class ScriptWatch:
         self._local.pending = None
         if output is None:
             return  # the forward raised (always_call)
-        call = ModelCall(module, args, dict(kwargs), pending[1])
+        call = ModelCall(module, args, dict(kwargs), pending[1], rng=pending[2])
         call.watch_outputs(output)
         if call.outputs:
             self._calls.append(call)
@@ -312,10 +330,15 @@ class ScriptWatch:
         grad_flag = None if scaler is not None else grads_finite_flag(self._params(optimizer))
         if grad_flag is not None:
             flags.append(grad_flag.to(flags[0].device) if flags else grad_flag)
-        values = (
-            [bool(v) for v in torch.stack([f.to(flags[0].device) for f in flags]).tolist()]
+        loss_value = self._spike_value(scaler)
+        if loss_value is not None:  # read in the same host sync as the flags
+            flags.append(loss_value)
+        read = (
+            torch.stack([f.to(flags[0].device, torch.float32) for f in flags]).tolist()
             if flags else []
         )
+        loss_read = read.pop() if loss_value is not None else None
+        values = [bool(v) for v in read]
         losses_ok = all(values[: len(self._losses)])
         grads_ok = values[-1] if grad_flag is not None else True
         scale = float(scaler.get_scale()) if scaler is not None and not losses_ok else None
@@ -325,6 +348,8 @@ class ScriptWatch:
             scaled=scaler is not None, scale_problem=None,
             bad_grads=lambda: bad_optimizer_grads(optimizer),
         )
+        if loss_read is not None and problem is None:
+            problem = self._spike(loss_read)
         if problem is not None:
             self._losses = []  # checked: the GradScaler's update does not count them again
             self._set_grads_aside(optimizer)  # this update is skipped (restored after it)
@@ -397,15 +422,22 @@ class ScriptWatch:
         if watch is None:  # update() without step(): nothing to check
             return
         used, skipped, scale_problem = watch.observe(float(scaler.get_scale()))
-        losses_ok = True
+        losses_ok, loss_read = True, None
         if skipped and self._losses:  # the optimizer pre-hook did not run: check the loss here
-            flags = self._loss_flags()
-            losses_ok = bool(torch.stack(flags).all())
+            flags = [f.float() for f in self._loss_flags()]
+            loss_value = self._spike_value(None)  # scaled: divided by the scale used, below
+            read = torch.stack(
+                [*flags, *([loss_value.to(flags[0].device)] if loss_value is not None else [])]
+            ).tolist()
+            loss_read = read.pop() / (used or 1.0) if loss_value is not None else None
+            losses_ok = all(read)
         problem = step_verdict(
             loss=None if losses_ok else self._first_bad_loss(), loss_ok=losses_ok,
             grads_ok=True, scaled=True,
             scale_problem=scale_problem, bad_grads=lambda: "",
         )
+        if loss_read is not None and problem is None:
+            problem = self._spike(loss_read)
         optimizer, scale = self._scaler_optimizer, used
         pending, self._pending = self._pending, None
         if pending is not None:  # the pre-hook's verdict, held for the ranks' agreement
@@ -443,6 +475,33 @@ class ScriptWatch:
             problem = Problem(Reason.OTHER_RANK, f"rank {others} saw a problem at this step")
         return problem, ranks.rank in scanning_ranks(codes)
 
+    def _spike_value(self, scaler: Any) -> torch.Tensor | None:
+        """The step's loss as a tensor for the spike rule, unscaled (no host sync)."""
+        if self.spikes is None or not self._losses:
+            return None
+        losses = self._losses
+        device = losses[0].device
+        total = torch.stack([loss.detach().to(device, torch.float32).reshape(())
+                             for loss in losses]).sum()
+        scale = getattr(scaler, "_scale", None) if scaler is not None else None
+        if scale is not None and scaler.is_enabled():  # the backward started from scaled losses
+            total = total / scale.to(device, torch.float32)
+        return total
+
+    def _spike(self, loss: float) -> Problem | None:
+        """The spike rule on the step's loss: a warning, or a problem step with
+        ``spikes_are_problems``."""
+        assert self.spikes is not None
+        spike = self.spikes.observe(self.steps + 1, loss)
+        if spike is None:
+            return None
+        if self.spikes_are_problems:
+            return Problem(Reason.SPIKE, spike.line())
+        if self.on_warning is not None:
+            self.on_warning(WatchWarning(code="loss_spike", step=spike.step,
+                                         message=spike.line(), fix=""))
+        return None
+
     def _first_bad_loss(self) -> torch.Tensor | None:
         for loss in self._losses:
             if not bool(torch.isfinite(loss.detach()).all()):
@@ -479,7 +538,7 @@ class ScriptWatch:
         if len(self.events) >= self.max_reports:
             return
         step = self.steps + 1 if step is None else step
-        report, why_not, model = None, "", ""
+        report, why_not, model, repro = None, "", "", None
         if not rerun:
             why_not = "another rank re-runs its step"
         elif call is None:
@@ -488,6 +547,9 @@ class ScriptWatch:
             why_not = gathered
         else:
             module, _ = unwrap_model(call.module)
+            if self.keep_repro and gathered is None:
+                repro = ReproSource.of(step, module, call, scale, self.settings,
+                                       self.precision_given)
             self._busy = True
             try:
                 replay = (replay_copy(module) if gathered is None
@@ -516,7 +578,8 @@ class ScriptWatch:
                 why_not = f"the re-run failed: {type(exc).__name__}: {first_line(exc)}"
             finally:
                 self._busy = False
-        event = RunEvent(step, problem.reason, problem.detail, report, model, why_not, scale)
+        event = RunEvent(step, problem.reason, problem.detail, report, model, why_not, scale,
+                         repro=repro)
         if report is not None:  # a failed re-run does not use up max_reports
             self.events.append(event)
         self.on_problem(event)

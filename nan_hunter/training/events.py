@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Report
 from nan_hunter.training.step_verdict import Reason
+
+if TYPE_CHECKING:
+    from nan_hunter.training.repro import ReproSource
 
 OnProblem = Literal["report", "raise", "stop"]
 ON_PROBLEM: tuple[OnProblem, ...] = ("report", "raise", "stop")
@@ -111,3 +114,6 @@ class RunEvent:
     """The class of the model that was re-run."""
     why_not: str = ""
     scale: float | None = None
+    repro: ReproSource | None = None
+    """What the step's reproduction bundle is made of (by reference, valid while the
+    ``on_problem`` call lasts); None unless asked for, or when the step was not re-run."""

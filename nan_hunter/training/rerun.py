@@ -82,6 +82,8 @@ class ModelCall:
     """Floating outputs that require a gradient (each got a hook)."""
     values: list[torch.Tensor] = field(default_factory=list)
     """Those outputs, detached (kept until the step ends, to tell which call broke)."""
+    rng: dict[str, torch.Tensor] | None = None
+    """torch's RNG states when the call started (``rng_states``), for the repro bundle."""
 
     def watch_outputs(self, output: Any) -> None:
         """A hook on each floating output that requires a gradient, keeping that gradient."""
@@ -96,6 +98,15 @@ class ModelCall:
     def finite(self) -> bool:
         """All outputs and kept output gradients finite (host syncs: on a problem only)."""
         return all(bool(torch.isfinite(t).all()) for t in [*self.values, *self.grads.values()])
+
+
+def rng_states(precision: StepPrecision) -> dict[str, torch.Tensor]:
+    """torch's CPU generator state, and the call's CUDA device's (no device sync: the
+    generator's state lives on the host)."""
+    states = {"cpu": torch.random.get_rng_state()}
+    if precision.device == "cuda" and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
 
 
 class _Keep:

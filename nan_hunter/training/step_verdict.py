@@ -23,6 +23,9 @@ class Reason(str, enum.Enum):
     """GradScaler's scale fell below ``scale_floor``."""
     OTHER_RANK = "problem_on_another_rank"
     """Distributed: this rank saw nothing wrong, another rank did at the same step."""
+    SPIKE = "loss_spike"
+    """The loss is finite but more than K times its running median (``run
+    --spikes-are-problems``)."""
     PREFLIGHT = "preflight_findings"
     """A framework callback's pre-flight scan of the first batch (before step 0) found errors."""
 
