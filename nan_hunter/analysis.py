@@ -247,7 +247,38 @@ def find_upstream(
                 constants = tuple(rounded_constants(events, event, fmt))
                 return Upstream(event, "cancel", ref, constants)
             if low_zeros > ref_zeros:
-                return Upstream(event, "flush", ref)
+                return Upstream(event, "flush", ref, lost_eps=lost_eps(
+                    events, reference, event, fmt, depth))
+    return None
+
+
+_ADDS = frozenset({"add", "radd", "iadd"})
+
+
+def lost_eps(
+    events: tuple[OpEvent, ...],
+    reference: dict[tuple[str, str, int, int], OpEvent],
+    start: OpEvent,
+    fmt: FloatFormat,
+    depth: int,
+) -> RoundedConstant | None:
+    """The nearest add at or upstream of ``start`` (the op whose values flushed), with its
+    result in ``fmt``, whose constant is nonzero and below ``fmt``'s smallest normal: a Python
+    number the trace saw, or a 0-dim tensor (an eps buffer) as the FP32 reference run
+    saw it (``.half()`` has already made it 0 in the low-precision pass)."""
+    for event in (start, *_producers(events, start, depth)):
+        if event.op.rsplit(".", 1)[-1].strip("_") not in _ADDS:
+            continue
+        if not any(s.dtype == fmt.name for s in event.outputs):
+            continue
+        ref = reference.get(event.key)
+        held = [*event.scalars, *(
+            s.abs_max for s in (ref.inputs if ref is not None else ())
+            if s.shape == () and s.is_floating and s.abs_max is not None
+        )]
+        for value in held:
+            if value != 0 and abs(value) < fmt.smallest_normal:
+                return RoundedConstant(value, fmt.round(value), event)
     return None
 
 

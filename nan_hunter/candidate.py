@@ -34,6 +34,10 @@ class Upstream:
     constants: tuple[RoundedConstant, ...] = ()
     """For ``"cancel"``: Python numbers on the way there that round to 0 or ±1 in low
     precision (``1 - 1e-5`` is 1.0 in FP16), nearest first."""
+    lost_eps: RoundedConstant | None = None
+    """For ``"flush"``: an add on the way whose constant (a Python number, or a 0-dim tensor
+    as the FP32 run sees it: a buffer) is 0 or subnormal in low precision: the eps the flushed
+    values were meant to be guarded by (``torch.sqrt(var + 1e-9)``)."""
 
 
 @dataclass(frozen=True)
