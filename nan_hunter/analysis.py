@@ -339,6 +339,13 @@ def out_of_range_consumers(
     return tuple(found[i] for i in sorted(found))
 
 
+def _in_range(ref: OpEvent | None, fmt: FloatFormat) -> bool:
+    """The op's FP32 reference values are finite and within ``fmt``'s range."""
+    return ref is not None and ref.outputs_finite and not any(
+        o.exceeds(fmt.max) for o in ref.outputs
+    )
+
+
 def _user_site(event: OpEvent) -> SourceLocation | None:
     """Where ``event`` is in the user's code: its own line, or for an op that ran in an
     installed library (``nn.Linear``'s ``F.linear``), the call site in the user's project."""
@@ -428,6 +435,7 @@ def analyse(
             # FP32 fails on the op's own low-precision inputs: the damage was done upstream
             upstream = find_upstream(low.events, ref_events, event, fmt, upstream_depth)
             reads_low_zeros = True
+        after = out_of_range_consumers(low.events, consumers, ref_events, event, fmt)
         forward.append(
             Candidate(
                 phase=Phase.FORWARD,
@@ -441,8 +449,9 @@ def analyse(
                 input_producers=tuple(
                     low.events[p] for p in dict.fromkeys(event.producers) if p is not None
                 ),
-                out_of_range_consumers=out_of_range_consumers(
-                    low.events, consumers, ref_events, event, fmt
+                out_of_range_consumers=after,
+                back_in_range=tuple(
+                    e.index for e in after if _in_range(ref_events.get(e.key), fmt)
                 ),
                 rounded_chain=(
                     low_precision_chain(low.events, event, fmt, upstream_depth)

@@ -78,6 +78,10 @@ class Candidate:
     out_of_range_consumers: tuple[OpEvent, ...] = ()
     """Ops after this one (same file) whose FP32 values are still beyond the format's range,
     and the first that brings them back: where a half-mode region must end."""
+    back_in_range: tuple[int, ...] = ()
+    """The indices of the ``out_of_range_consumers`` whose FP32 values are within the
+    format's range again (``* 1e-3`` after an overflowing einsum): where a value computed in
+    FP32 may be cast back."""
     rounded_chain: tuple[OpEvent, ...] = ()
     """When FP32 fails on the op's own low-precision inputs: the ops upstream, in the same
     file, whose results were rounded to the low-precision format (the region grows to them)."""

@@ -43,6 +43,7 @@ CASES = [
     (FIXTURES / "fx_eps_flushed.py", "half", (), "half: NH202, the eps buffer"),
     (FIXTURES / "fx_out_of_range_warning.py", "half", (), "half: cast back in the parent"),
     (FIXTURES / "fx_scale_attribute.py", "half", (), "half: in-place by a float, never cast"),
+    (FIXTURES / "fx_einsum_beside_linear.py", "half", (), "half: the op alone, cast back"),
 ]
 
 

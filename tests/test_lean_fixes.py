@@ -69,3 +69,40 @@ def test_nh202_leads_with_the_eps_its_flush_lost(mode: str) -> None:
 def test_nh202_fix_all_changes_the_eps_only(mode: str, tmp_path: Path) -> None:
     after = _fix_all(EPS_FLUSHED, mode, tmp_path)
     assert after == EPS_FLUSHED.read_text().replace("torch.tensor(1e-9)", "torch.tensor(1e-4)")
+
+
+# --- half mode: the culprit op alone ---------------------------------------------------------
+
+EINSUM = FIXTURES / "fx_einsum_beside_linear.py"
+# batch 4 x 64 tokens; the einsum 32 -> 32, block.big 256 -> 32, the head 32 -> 8
+EINSUM_FLOPS = 2 * 4 * 64 * 32 * 32
+ALL_FLOPS = EINSUM_FLOPS + 2 * 4 * 64 * 256 * 32 + 2 * 4 * 64 * 32 * 8
+EINSUM_ALONE = (
+    '        einsum_fp32 = (torch.einsum("btd,de->bte", u.float(), self.w.float()) * 1e-3)'
+    ".to(u.dtype)\n"
+    "        y = self.big(x) + einsum_fp32  # <- culprit\n"
+)
+
+
+def test_half_mode_takes_the_einsum_alone_not_the_kept_module() -> None:
+    """Under ``model.half()`` the einsum (1.4e6, beyond FP16) is computed alone from upcast
+    operands, with the ``* 1e-3`` that brings it back into range, and cast back to ``u``'s
+    dtype: 10.8% of the FLOPs in FP32, where the kept module moved 97.3%."""
+    finding = _error(_scan(EINSUM, "half"))
+    fix = finding.fix
+    assert fix is not None and fix.verified is True
+    assert fix.title == (
+        "Compute torch.einsum alone in FP32, with the Tensor.__mul__ that brings it back into "
+        "float16's range (its float16 operands upcast, the result cast back; the rest of its "
+        "statement stays in float16)"
+    )
+    assert fix.applicability is Applicability.SAFE
+    assert "".join(e.replacement for e in fix.edits) == EINSUM_ALONE
+    assert fix.cost is not None
+    assert fix.cost.added_matmul_share == pytest.approx(EINSUM_FLOPS / ALL_FLOPS)  # 0.108
+    assert not fix.cost.most_of_the_model
+
+
+def test_half_mode_fix_all_ends_clean_with_the_einsum_alone(tmp_path: Path) -> None:
+    after = _fix_all(EINSUM, "half", tmp_path)
+    assert EINSUM_ALONE in after and "_apply" not in after
