@@ -450,6 +450,7 @@ def analyse(
                     low.events[p] for p in dict.fromkeys(event.producers) if p is not None
                 ),
                 out_of_range_consumers=after,
+                consumers=tuple(low.events[i] for i in consumers.get(event.index, [])),
                 back_in_range=tuple(
                     e.index for e in after if _in_range(ref_events.get(e.key), fmt)
                 ),

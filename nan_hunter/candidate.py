@@ -82,6 +82,9 @@ class Candidate:
     """The indices of the ``out_of_range_consumers`` whose FP32 values are within the
     format's range again (``* 1e-3`` after an overflowing einsum): where a value computed in
     FP32 may be cast back."""
+    consumers: tuple[OpEvent, ...] = ()
+    """The ops that take this op's result, in trace order (``analysis.consumer_map``): what
+    follows a masked value (an add after ``finfo.min`` is -inf in FP16)."""
     rounded_chain: tuple[OpEvent, ...] = ()
     """When FP32 fails on the op's own low-precision inputs: the ops upstream, in the same
     file, whose results were rounded to the low-precision format (the region grows to them)."""

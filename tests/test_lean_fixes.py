@@ -15,6 +15,8 @@ from nan_hunter.api import scan_file
 from nan_hunter.cli import app
 from nan_hunter.config import load_settings
 from nan_hunter.findings import Applicability, Finding, Report
+from nan_hunter.fixes.rewrites import scalar_literal
+from nan_hunter.fixes.verify import verify_fix
 from tests.conftest import FIXTURES
 
 runner = CliRunner()
@@ -106,3 +108,71 @@ def test_half_mode_takes_the_einsum_alone_not_the_kept_module() -> None:
 def test_half_mode_fix_all_ends_clean_with_the_einsum_alone(tmp_path: Path) -> None:
     after = _fix_all(EINSUM, "half", tmp_path)
     assert EINSUM_ALONE in after and "_apply" not in after
+
+
+# --- NH104: a mask constant that stays finite after what follows -----------------------------
+
+MASK_THEN_OFFSET = FIXTURES / "fx_mask_then_bias.py"
+MASK_EDIT = "        scores = scores + (1.0 - m)[:, None, :] * -1e4  # <- culprit\n"
+
+
+@pytest.mark.parametrize("mode", ["autocast", "half"])
+def test_a_mask_added_to_gets_a_constant_fp16_keeps_finite(mode: str) -> None:
+    """An add takes the masked value (and an offset is subtracted after it): -65504 would be
+    -inf there, so the constant becomes -1e4, unsafe and measured harmless (0.43%)."""
+    finding = _error(_scan(MASK_THEN_OFFSET, mode))
+    assert finding.code == "NH104"
+    fix = finding.fix
+    assert fix is not None
+    assert fix.title == (
+        "Use -1e4 instead of -1.00e+09: finite in float16 after the add that follows "
+        "(changes the numerics)"
+    )
+    assert fix.applicability is Applicability.UNSAFE
+    assert fix.verified is True and fix.measured_harmless
+    assert fix.fp32_loss_change == pytest.approx(0.0043, abs=5e-4)
+    assert fix.cost is not None and fix.cost.added_matmul_share == 0.0
+    assert [e.replacement for e in fix.edits] == [MASK_EDIT]
+
+
+def test_the_dtype_limit_is_no_fix_when_an_add_follows() -> None:
+    """Why: with ``torch.finfo(dtype).min`` the padded sample's rows are -inf after the offset
+    is subtracted, and NaN after the softmax: not verified."""
+    report = scan_file(str(MASK_THEN_OFFSET), load_settings(overrides={"mode": "half"}),
+                       verify=False)
+    finding = _error(report)
+    assert finding.fix is not None
+    (limit,) = finding.fix.alternatives
+    assert limit.title == "Use torch.finfo(tensor.dtype).min instead of -1.00e+09"
+    verdict = verify_fix(limit, finding, report, _rescan_half, MASK_THEN_OFFSET)
+    assert verdict.verified is False
+
+
+def _rescan_half(entry: Path) -> Report:
+    return scan_file(str(entry), load_settings(overrides={"mode": "half"}), verify=False)
+
+
+def test_a_masked_fill_followed_by_softmax_keeps_the_dtype_limit() -> None:
+    """Only the softmax takes the filled scores (its own max-subtraction is inside it): the
+    dtype's limit stays the fix, safe."""
+    fix = _error(_scan(FIXTURES / "fx_mask_constant.py", "half")).fix
+    assert fix is not None and fix.alternatives == ()
+    assert fix.title == "Use torch.finfo(tensor.dtype).min instead of -1.00e+09"
+
+
+@pytest.mark.parametrize("mode", ["autocast", "half"])
+def test_mask_fix_all_ends_clean_with_the_finite_constant(mode: str, tmp_path: Path) -> None:
+    after = _fix_all(MASK_THEN_OFFSET, mode, tmp_path)
+    assert after == MASK_THEN_OFFSET.read_text().replace(
+        "(1.0 - m)[:, None, :] * -1e9", "(1.0 - m)[:, None, :] * -1e4"
+    )
+
+
+def test_a_negative_constant_is_rewritten_where_the_file_writes_it(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("class A:\n    neg = -1e9\n\n    def f(self, s, m):\n"
+                    "        return s + m * self.neg\n")
+    assert scalar_literal(path, 5, -1e9, "-1e4") == (
+        "class A:\n    neg = -1e4\n\n    def f(self, s, m):\n        return s + m * self.neg\n"
+    )
+    assert scalar_literal(path, 5, 1e9, "1e4") is None  # the 1e9 of -1e9 is not a 1e9
