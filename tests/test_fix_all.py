@@ -46,6 +46,7 @@ CASES = [
     (FIXTURES / "fx_scale_attribute.py", "half", (), "half: in-place by a float, never cast"),
     (FIXTURES / "fx_einsum_beside_linear.py", "half", (), "half: the op alone, cast back"),
     (FIXTURES / "fx_mask_then_bias.py", "half", (), "half: -1e4, an add follows the mask"),
+    (FIXTURES / "fx_residual_overflow.py", "half", (), "half: the sum clamped at its producer"),
 ]
 
 

@@ -176,3 +176,53 @@ def test_a_negative_constant_is_rewritten_where_the_file_writes_it(tmp_path: Pat
         "class A:\n    neg = -1e4\n\n    def f(self, s, m):\n        return s + m * self.neg\n"
     )
     assert scalar_literal(path, 5, 1e9, "1e4") is None  # the 1e9 of -1e9 is not a 1e9
+
+
+# --- half mode: a residual sum FP16 cannot hold, clamped at its producer ---------------------
+
+RESIDUAL = FIXTURES / "fx_residual_overflow.py"
+CLAMPED = (
+    "        h_in_dtype = h.dtype\n"
+    "        h = h.float() + self.ff(h).float()  # <- culprit\n"
+    "        if h_in_dtype == torch.float16:\n"
+    "            clamp_value = torch.finfo(h_in_dtype).max - 1000\n"
+    "            h = torch.clamp(h, min=-clamp_value, max=clamp_value)\n"
+    "        h = h.to(h_in_dtype)\n"
+)
+
+
+def test_a_residual_sum_beyond_fp16_is_clamped_not_kept_in_fp32() -> None:
+    """The sum (8e4) computed in FP32 and cast back is inf again before the FP16 LayerNorm;
+    transformers' T5 clamp at the producer verifies, changes nothing in FP32 (0%), and moves
+    no matmul FLOPs, where the kept module moved 88.9%."""
+    finding = _error(_scan(RESIDUAL, "half"))
+    assert (finding.code, finding.op) == ("NH109", "Tensor.__add__")
+    fix = finding.fix
+    assert fix is not None
+    assert fix.title == (
+        "Clamp the sum to float16's finite range: computed in FP32, clamped to "
+        "±(finfo.max - 1000) when it came in as float16, cast back (changes only values the "
+        "format cannot hold)"
+    )
+    assert fix.applicability is Applicability.UNSAFE
+    assert fix.verified is True and fix.measured_harmless and fix.fp32_loss_change == 0.0
+    assert fix.cost is not None and fix.cost.added_matmul_share == 0.0
+    assert "".join(e.replacement for e in fix.edits) == CLAMPED
+
+
+def test_the_sum_cast_back_alone_is_inf_again() -> None:
+    """Why the clamp: the statement's FP32 region, cast back, is not verified."""
+    report = scan_file(str(RESIDUAL), load_settings(overrides={"mode": "half"}), verify=False)
+    finding = _error(report)
+    assert finding.fix is not None
+    region = finding.fix
+    assert region.title == (
+        "Compute Tensor.__add__ in FP32 (FP32 inputs, results cast back to float16)"
+    )
+    assert verify_fix(region, finding, report, _rescan_half, RESIDUAL).verified is False
+    assert finding.fix.alternatives[0].title.startswith("Clamp the sum")
+
+
+def test_residual_fix_all_ends_clean_with_the_clamp(tmp_path: Path) -> None:
+    after = _fix_all(RESIDUAL, "half", tmp_path)
+    assert CLAMPED in after and "_apply" not in after
