@@ -345,7 +345,38 @@ def find_upstream(
                 constants = tuple(rounded_constants(events, event, fmt))
                 return Upstream(event, "cancel", ref, constants)
             if low_zeros > ref_zeros:
-                return Upstream(event, "flush", ref)
+                return Upstream(event, "flush", ref, lost_eps=lost_eps(
+                    events, reference, event, fmt, depth))
+    return None
+
+
+_ADDS = frozenset({"add", "radd", "iadd"})
+
+
+def lost_eps(
+    events: tuple[OpEvent, ...],
+    reference: dict[tuple[str, str, int, int], OpEvent],
+    start: OpEvent,
+    fmt: FloatFormat,
+    depth: int,
+) -> RoundedConstant | None:
+    """The nearest add at or upstream of ``start`` (the op whose values flushed), with its
+    result in ``fmt``, whose constant is nonzero and below ``fmt``'s smallest normal: a Python
+    number the trace saw, or a 0-dim tensor (an eps buffer) as the FP32 reference run
+    saw it (``.half()`` has already made it 0 in the low-precision pass)."""
+    for event in (start, *_producers(events, start, depth)):
+        if event.op.rsplit(".", 1)[-1].strip("_") not in _ADDS:
+            continue
+        if not any(s.dtype == fmt.name for s in event.outputs):
+            continue
+        ref = reference.get(event.key)
+        held = [*event.scalars, *(
+            s.abs_max for s in (ref.inputs if ref is not None else ())
+            if s.shape == () and s.is_floating and s.abs_max is not None
+        )]
+        for value in held:
+            if value != 0 and abs(value) < fmt.smallest_normal:
+                return RoundedConstant(value, fmt.round(value), event)
     return None
 
 
@@ -404,6 +435,13 @@ def out_of_range_consumers(
                 following.extend(consumers.get(index, []))
         frontier = following
     return tuple(found[i] for i in sorted(found))
+
+
+def _in_range(ref: OpEvent | None, fmt: FloatFormat) -> bool:
+    """The op's FP32 reference values are finite and within ``fmt``'s range."""
+    return ref is not None and ref.outputs_finite and not any(
+        o.exceeds(fmt.max) for o in ref.outputs
+    )
 
 
 def _user_site(event: OpEvent) -> SourceLocation | None:
@@ -503,6 +541,7 @@ def analyse(
             # FP32 fails on the op's own low-precision inputs: the damage was done upstream
             upstream = find_upstream(low.events, ref_events, event, fmt, upstream_depth)
             reads_low_zeros = True
+        after = out_of_range_consumers(low.events, consumers, ref_events, event, fmt)
         forward.append(
             Candidate(
                 phase=Phase.FORWARD,
@@ -516,8 +555,10 @@ def analyse(
                 input_producers=tuple(
                     low.events[p] for p in dict.fromkeys(event.producers) if p is not None
                 ),
-                out_of_range_consumers=out_of_range_consumers(
-                    low.events, consumers, ref_events, event, fmt
+                out_of_range_consumers=after,
+                consumers=tuple(low.events[i] for i in consumers.get(event.index, [])),
+                back_in_range=tuple(
+                    e.index for e in after if _in_range(ref_events.get(e.key), fmt)
                 ),
                 rounded_chain=(
                     low_precision_chain(low.events, event, fmt, upstream_depth)

@@ -35,6 +35,10 @@ class Upstream:
     constants: tuple[RoundedConstant, ...] = ()
     """For ``"cancel"``: Python numbers on the way there that round to 0 or ±1 in low
     precision (``1 - 1e-5`` is 1.0 in FP16), nearest first."""
+    lost_eps: RoundedConstant | None = None
+    """For ``"flush"``: an add on the way whose constant (a Python number, or a 0-dim tensor
+    as the FP32 run sees it: a buffer) is 0 or subnormal in low precision: the eps the flushed
+    values were meant to be guarded by (``torch.sqrt(var + 1e-9)``)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,13 @@ class Candidate:
     out_of_range_consumers: tuple[OpEvent, ...] = ()
     """Ops after this one (same file) whose FP32 values are still beyond the format's range,
     and the first that brings them back: where a half-mode region must end."""
+    back_in_range: tuple[int, ...] = ()
+    """The indices of the ``out_of_range_consumers`` whose FP32 values are within the
+    format's range again (``* 1e-3`` after an overflowing einsum): where a value computed in
+    FP32 may be cast back."""
+    consumers: tuple[OpEvent, ...] = ()
+    """The ops that take this op's result, in trace order (``analysis.consumer_map``): what
+    follows a masked value (an add after ``finfo.min`` is -inf in FP16)."""
     rounded_chain: tuple[OpEvent, ...] = ()
     """When FP32 fails on the op's own low-precision inputs: the ops upstream, in the same
     file, whose results were rounded to the low-precision format (the region grows to them)."""

@@ -29,7 +29,9 @@ CASES = [
     (FIXTURES / "fx_flush_log.py", "autocast", (), "region from the flushed values"),
     (FIXTURES / "fx_eps_underflow.py", "autocast", (), "eps FP16 can hold, measured harmless"),
     (FIXTURES / "fx_eps_attribute.py", "autocast", (), "eps where the file writes it"),
+    (FIXTURES / "fx_eps_flushed.py", "autocast", (), "NH202: the eps its flush lost"),
     (FIXTURES / "fx_mask_constant.py", "autocast", (), "finfo limit"),
+    (FIXTURES / "fx_mask_then_bias.py", "autocast", (), "-1e4: an add follows the mask"),
     (FIXTURES / "fx_bce_logits.py", "autocast", (), "with-logits"),
     (FIXTURES / "fx_scale_attribute.py", "autocast", (), "in-place by a float, never cast"),
     (FIXTURES / "fx_bce_banned.py", "autocast", (), "BCE in an FP32 region"),
@@ -39,8 +41,12 @@ CASES = [
     (FIXTURES / "fx_atanh_rounding.py", "half", (), "half: module result upcast"),
     (FIXTURES / "fx_eps_underflow.py", "half", (), "half: eps, measured harmless"),
     (FIXTURES / "fx_eps_attribute.py", "half", (), "half: eps where the file writes it"),
+    (FIXTURES / "fx_eps_flushed.py", "half", (), "half: NH202, the eps buffer"),
     (FIXTURES / "fx_out_of_range_warning.py", "half", (), "half: cast back in the parent"),
     (FIXTURES / "fx_scale_attribute.py", "half", (), "half: in-place by a float, never cast"),
+    (FIXTURES / "fx_einsum_beside_linear.py", "half", (), "half: the op alone, cast back"),
+    (FIXTURES / "fx_mask_then_bias.py", "half", (), "half: -1e4, an add follows the mask"),
+    (FIXTURES / "fx_residual_overflow.py", "half", (), "half: the sum clamped at its producer"),
 ]
 
 

@@ -34,6 +34,19 @@ SAMPLE_CLEAN_FLOOR = 12
 """Of the 12 sample models, at least this many end clean (today: 12)."""
 FULL_CLEAN_FLOOR = 392
 """Of the 411 models, at least this many end clean (today: 392)."""
+LEAN_TARGET = 0.90
+"""The goal of issue 36: lean (clean, at no more than the hand-written minimal fix's FP32 plus
+2 points of matmul/conv FLOPs) on 90% of the generated models."""
+SAMPLE_LEAN_FLOOR = 8
+"""Of the 12 sample models, at least this many end lean (today: 8; the 4 others are kept in
+FP32 by a region, a grown region or a kept module where the template moves no matmul FLOPs)."""
+SAMPLE_LEAN = {
+    "overflow-attention-module_call-autocast-0": (0.618, 0.618),
+    "overflow-inverse-float_attr-autocast-0": (0.928, 0.928),
+    "eps-rsqrt_var-float_attr-autocast-0": (0.0, 0.0),
+    "eps-rsqrt_var-package-half-0": (0.0, 0.0),
+}
+"""(fixed, minimal) FP32 matmul/conv shares measured on sample models, to 0.1 point."""
 FULL_VARIANTS = 3
 """Seeds per combination in the slow test (411 models, about 4 min on 2 cores)."""
 
@@ -109,6 +122,31 @@ def test_sample_clean_count_does_not_fall(sample_outcomes: list[Outcome]) -> Non
     _check_clean_count(sample_outcomes, SAMPLE_CLEAN_FLOOR)
 
 
+def _check_lean_count(outcomes: list[Outcome], floor: int) -> None:
+    lean = sum(o.lean for o in outcomes)
+    lines = "\n".join(o.line() + f" FP32 {o.fixed_fp32} (minimal {o.minimal_fp32})"
+                      for o in outcomes if not o.lean)
+    assert lean >= floor, (
+        f"lean on {lean}/{len(outcomes)} generated models, fewer than the {floor} it reached "
+        f"(goal {LEAN_TARGET:.0%}); not lean:\n{lines}"
+    )
+
+
+def test_sample_lean_count_does_not_fall(sample_outcomes: list[Outcome]) -> None:
+    _check_lean_count(sample_outcomes, SAMPLE_LEAN_FLOOR)
+
+
+def test_sample_costs_are_measured_by_scanning_the_files(sample_outcomes: list[Outcome]) -> None:
+    """The attention's fix keeps exactly the hand-written fix's FP32 (its scores matmul, 61.8%
+    of the FLOPs with the projections in FP16); the inverse's solve already ran in FP32 by hand
+    (92.8%); the eps changed moves none."""
+    measured = {
+        o.model.id: (round(o.fixed_fp32 or 0.0, 3), round(o.minimal_fp32 or 0.0, 3))
+        for o in sample_outcomes if o.model.id in SAMPLE_LEAN
+    }
+    assert measured == SAMPLE_LEAN
+
+
 @pytest.fixture(scope="module")
 def full_outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[Outcome]:
     return _run_all(generate(FULL_VARIANTS), tmp_path_factory.mktemp("fix-shapes-full"))
@@ -127,6 +165,16 @@ def test_full_no_verified_fix_leaves_its_op_failing(full_outcomes: list[Outcome]
 @pytest.mark.slow
 def test_full_clean_count_does_not_fall(full_outcomes: list[Outcome]) -> None:
     _check_clean_count(full_outcomes, FULL_CLEAN_FLOOR)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="not reached yet: 8/12 lean on the sample (docs/fix_search.md)",
+                   strict=False)
+def test_full_lean_rate(full_outcomes: list[Outcome]) -> None:
+    lean = sum(o.lean for o in full_outcomes)
+    assert lean >= LEAN_TARGET * len(full_outcomes), (
+        f"lean on {lean}/{len(full_outcomes)}, below the goal of {LEAN_TARGET:.0%}"
+    )
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from nan_hunter.findings import Applicability, Edit, Finding, Fix, SourceLocation
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
+from nan_hunter.fixes.clamp_region import MARGIN, build_clamp_patch
 from nan_hunter.fixes.edits import (
     EditConflict,
     by_file,
@@ -103,6 +104,9 @@ def build_fix(
     whole = _whole_function(c, plan, device, site, half_dtype, root_class)
     if whole is not None and all(whole.edits != f.edits for f in (fix, *wider)):
         wider.append(whole)
+    clamped = _clamped(c, plan, site, half_dtype)
+    if clamped is not None:  # before the grown region and the kept module: it moves nothing
+        wider.insert(0, clamped)
     if not fix.edits and wider:  # no narrow edit could be made: the wider one leads
         fix, wider = wider[0], wider[1:]
     alone = _op_alone(c, plan, device, site, half_dtype)
@@ -160,11 +164,13 @@ def _op_alone(
     site: SourceLocation | None,
     half_dtype: str | None,
 ) -> Fix | None:
-    """Autocast: the culprit op taken out of a statement that computes more than it, into an
-    FP32 region of its own (``nan_hunter.fixes.op_region``); its result cast back where its
-    FP32 values fit the format. None where that cannot be made or is the statement region."""
+    """The culprit op taken out of a statement that computes more than it, into an FP32
+    region of its own (``nan_hunter.fixes.op_region``); its result cast back where its FP32
+    values fit the format. Under ``model.half()``: upcast operands, and the value always cast
+    back, taking along the ops of the statement up to the one that brings an out-of-range
+    result back into range. None where that cannot be made or is the statement region."""
     if (
-        not plan.region or plan.rewrite or half_dtype is not None or site is None
+        not plan.region or plan.rewrite or site is None
         or not c.ref_finite or site is not c.event.location or c.reference is None
     ):
         return None
@@ -173,6 +179,11 @@ def _op_alone(
     fits = all(
         s.abs_max is not None and s.abs_max <= c.fmt.max for s in c.reference.outputs
     )
+    consumers: tuple[OpEvent, ...] = ()
+    if half_dtype is not None and not fits:
+        consumers = _back_in_range_on_line(c, site)
+        if not consumers:
+            return None  # nothing in the statement brings it back: it cannot be cast back
     patch = build_op_region_patch(
         path,
         site.line,
@@ -184,13 +195,69 @@ def _op_alone(
             i for i, s in enumerate(c.event.inputs) if s.dtype not in LOW_PRECISION
         ),
         cast_back=fits,
+        half=half_dtype is not None,
+        consumers=tuple(e.op for e in consumers),
     )
     if patch is None:
         return None
+    if half_dtype is not None:
+        along = (f", with the {' and '.join(e.op for e in consumers)} that brings it back "
+                 f"into {c.fmt.name}'s range" if consumers else "")
+        title = (f"Compute {c.event.op} alone in FP32{along} (its {c.fmt.name} operands "
+                 f"upcast, the result cast back; the rest of its statement stays in "
+                 f"{c.fmt.name})")
+        return make_fix(title, plan.applicability, patch.edits, root)
     back = ", its result cast back" if fits else ""
     title = (f"Compute {c.event.op} alone in FP32 (autocast disabled for that call only{back}; "
              f"the rest of its statement stays in {c.fmt.name})")
     return make_fix(title, plan.applicability, patch.edits, root)
+
+
+_SUMS = frozenset({"add", "radd", "iadd", "sub", "rsub", "isub"})
+
+
+def _clamped(
+    c: Candidate, plan: FixPlan, site: SourceLocation | None, half_dtype: str | None
+) -> Fix | None:
+    """Under ``model.half()``: a sum whose FP32 values are beyond the format's range (a
+    residual stream's outlier) computed in FP32 and clamped to the format's finite range before
+    it is cast back (``nan_hunter.fixes.clamp_region``). Unsafe: it changes the FP16 values
+    beyond the range (in FP32 it changes nothing, which verification measures)."""
+    if (
+        half_dtype is None or not plan.region or plan.rewrite or site is None
+        or site is not c.event.location or not c.ref_finite
+        or c.event.op.rsplit(".", 1)[-1].strip("_") not in _SUMS
+        or (c.ref_abs_max or 0.0) <= c.fmt.max
+    ):
+        return None
+    path = Path(site.file).resolve()
+    root = project_root(path)
+    patch = build_clamp_patch(
+        path, site.line, c.event.op, len(c.event.inputs), relative_to=root,
+        uncast_operands=frozenset(
+            i for i, s in enumerate(c.event.inputs) if s.dtype not in LOW_PRECISION
+        ),
+    )
+    if patch is None:
+        return None
+    title = (f"Clamp the sum to {c.fmt.name}'s finite range: computed in FP32, clamped to "
+             f"±(finfo.max - {MARGIN}) when it came in as {c.fmt.name}, cast back "
+             "(changes only values the format cannot hold)")
+    return make_fix(title, Applicability.UNSAFE, patch.edits, root)
+
+
+def _back_in_range_on_line(c: Candidate, site: SourceLocation) -> tuple[OpEvent, ...]:
+    """The ops of the culprit's line that take its out-of-range result, in order, up to the
+    first whose FP32 values are back in the format's range; () when there is none."""
+    chain: list[OpEvent] = []
+    for event in c.out_of_range_consumers:
+        where = event.location
+        if where is None or where.file != site.file or where.line != site.line:
+            continue
+        chain.append(event)
+        if event.index in c.back_in_range:
+            return tuple(chain)
+    return ()
 
 
 def _whole_function(

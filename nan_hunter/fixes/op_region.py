@@ -18,6 +18,15 @@ consumers. The call is evaluated before the rest of its statement: never taken o
 lambda, a comprehension, a conditional expression or a short-circuit (where it may not run at
 all, or runs per item), nor out of a statement that shares its lines. ``None`` whenever the
 edit cannot be made.
+
+Under ``model.half()`` (``half=True``) there is no autocast to disable: the call is taken out
+into an assignment of its own with its FP16 operands upcast, and its value must go back to the
+dtype it came in (an FP32 value would meet the model's FP16 weights). Where the op's own result
+does not fit the format, the ops of the statement that take it up to the one that brings it
+back into range (``consumers``: ``* 1e-3``) go with it::
+
+    einsum_fp32 = (torch.einsum("bij,bjk->bik", a.float(), b.float()) * 1e-3).to(a.dtype)
+    y = self.big_linear(x) + einsum_fp32
 """
 
 from __future__ import annotations
@@ -27,8 +36,19 @@ import pathlib
 
 from nan_hunter.fixes.autocast_region import INDENT_UNIT, RegionPatch, newline_of
 from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.operands import TextEdit, find_op_node, upcast_edits
-from nan_hunter.fixes.source_file import SourceError, SourcePositions, compiles, decode_source
+from nan_hunter.fixes.operands import (
+    TextEdit,
+    binary_operator,
+    find_op_node,
+    upcast_edits,
+)
+from nan_hunter.fixes.source_file import (
+    SourceError,
+    SourcePositions,
+    compiles,
+    decode_source,
+    last_name,
+)
 from nan_hunter.fixes.statements import (
     SIMPLE_STATEMENTS,
     ends_line,
@@ -55,15 +75,19 @@ def build_op_region_patch(
     relative_to: pathlib.Path,
     uncast_operands: frozenset[int] = frozenset(),
     cast_back: bool = False,
+    half: bool = False,
+    consumers: tuple[str, ...] = (),
 ) -> RegionPatch | None:
-    """The edit taking the op call out of its statement into its own FP32 region, or None."""
+    """The edit taking the op call out of its statement into its own FP32 region (``half``:
+    an assignment of its own, cast back), or None. ``consumers``: the ops (trace names, in
+    order) of the statement that take the op's result along with it."""
     try:
         source = decode_source(path, path.read_bytes())
     except (SourceError, OSError):
         return None
     text = source.text
     planned = _plan(text, culprit_line, op_name, n_tensor_operands, device_type,
-                    uncast_operands, cast_back)
+                    uncast_operands, cast_back or half, half, consumers)
     if planned is None:
         return None
     new_text, first, last = planned
@@ -82,6 +106,8 @@ def _plan(
     device_type: str,
     uncast: frozenset[int],
     cast_back: bool,
+    half: bool = False,
+    consumers: tuple[str, ...] = (),
 ) -> tuple[str, int, int] | None:
     try:
         tree = ast.parse(text)
@@ -97,7 +123,15 @@ def _plan(
     if not (starts_line(source, stmt) and ends_line(source, stmt)):
         return None
     node = find_op_node(stmt, line, op_name, import_bindings(tree)[1], True)
-    if not isinstance(node, (ast.Call, ast.BinOp)) or node is getattr(stmt, "value", None):
+    if not isinstance(node, (ast.Call, ast.BinOp)):
+        return None
+    op_node = node
+    if consumers:
+        taken = _with_consumers(stmt, node, consumers)
+        if taken is None:
+            return None
+        node = taken
+    if node is getattr(stmt, "value", None):
         return None
     if _deferred(stmt, node) or not _other_work(stmt, node):
         return None
@@ -111,9 +145,11 @@ def _plan(
                                       for e in casts])
     name = _fresh_name(tree, op_name)
     if cast_back:
-        operand = _named_operand(node)
+        operand = _named_operand(op_node, source)
         if operand is not None:
             call = f"({call}).to({operand}.dtype)"
+        elif half:
+            return None  # an FP32 value would meet the model's FP16 weights
     if "\n" in call:
         call = f"({call})"
     first_line, last_line = stmt.lineno, stmt.end_lineno
@@ -123,6 +159,7 @@ def _plan(
     indent = leading_indent(source, stmt)
     unit = "\t" if "\t" in indent else INDENT_UNIT
     region = (
+        f"{indent}{name} = {call}{newline}" if half else
         f'{indent}with torch.autocast(device_type="{device_type}", enabled=False):{newline}'
         f"{indent}{unit}{name} = {call}{newline}"
     )
@@ -133,7 +170,7 @@ def _plan(
     body = text[: start] + name + text[end:]
     out = body.splitlines(keepends=True)
     out.insert(first_line - 1, region)
-    if not has_torch_import(tree.body, first_line, located.in_function):
+    if not half and not has_torch_import(tree.body, first_line, located.in_function):
         at = import_insert_index(tree.body, source, first_line, located.in_function)
         out.insert(at, f"import torch{newline}")
     return "".join(out), first_line, last_line
@@ -178,7 +215,51 @@ def _fresh_name(tree: ast.Module, op_name: str) -> str:
     return name
 
 
-def _named_operand(node: ast.Call | ast.BinOp) -> str | None:
-    """The first operand that is a plain name (its dtype is the one the result goes back to)."""
+def _named_operand(node: ast.Call | ast.BinOp, source: SourcePositions) -> str | None:
+    """The first operand that is a plain name or an attribute of one (``u``, ``self.w``): its
+    dtype is the one the result goes back to."""
     operands = [node.left, node.right] if isinstance(node, ast.BinOp) else list(node.args)
-    return next((o.id for o in operands if isinstance(o, ast.Name)), None)
+    return next((source.segment(o) for o in operands if _is_named(o)), None)
+
+
+def _is_named(expr: ast.expr) -> bool:
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return isinstance(expr, ast.Name)
+
+
+def _applies(
+    outer: ast.AST | None,
+    node: ast.AST,
+    method: str,
+    operator: tuple[type[ast.operator], str] | None,
+) -> bool:
+    """``outer`` applies the op to ``node``: ``node * 1e-3``, ``torch.mul(node, 1e-3)``."""
+    if operator is not None:
+        return isinstance(outer, ast.BinOp) and isinstance(outer.op, operator[0])
+    return isinstance(outer, ast.Call) and node in outer.args and (
+        last_name(outer.func) == method
+    )
+
+
+def _with_consumers(stmt: ast.stmt, node: ast.AST, consumers: tuple[str, ...]) -> ast.AST | None:
+    """``node`` grown to the expressions around it that apply ``consumers`` in turn (``(op) *
+    1e-3``, ``op.mul(1e-3)``); None when the statement does not apply them to it."""
+    parents = {
+        id(child): outer for outer in ast.walk(stmt) for child in ast.iter_child_nodes(outer)
+    }
+    for op_name in consumers:
+        outer = parents.get(id(node))
+        method = op_name.rsplit(".", 1)[-1]
+        operator = binary_operator(op_name)
+        if isinstance(outer, ast.Attribute) and outer.value is node:
+            call = parents.get(id(outer))
+            if not (isinstance(call, ast.Call) and call.func is outer and outer.attr == method):
+                return None
+            node = call
+        elif _applies(outer, node, method, operator):
+            assert outer is not None
+            node = outer
+        else:
+            return None
+    return node

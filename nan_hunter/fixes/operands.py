@@ -311,8 +311,13 @@ def _call_operands(call: ast.Call, n: int, method: bool) -> list[ast.expr]:
         assert isinstance(call.func, ast.Attribute)
         return [call.func.value, *args[: max(n - 1, 0)]]
     if n:
-        return args[:n]
+        # the trace counts tensors only: an einsum's equation is no operand
+        return [arg for arg in args if not _is_string(arg)][:n]
     return [arg for arg in args if not _is_constant(arg)]
+
+
+def _is_string(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and isinstance(expr.value, str)
 
 
 def _aug_assign_edits(

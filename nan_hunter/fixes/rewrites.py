@@ -201,23 +201,39 @@ def scalar_literal(path: Path, line: int, value: float, new_literal: str) -> str
     if parsed is None:
         return None
     text, tree, source = parsed
+    signed = {id(n) for n in _numbers(tree)}
     for node in _on_line(tree, line):
-        if _is_number(node, value):
+        if id(node) in signed and _is_number(node, value):
             start, end = source.span(node)
             return _replace(text, [(start, end, new_literal)])
     # bound elsewhere: ``self.eps = 1e-8``, ``def __init__(self, eps=1e-8)``, ``EPS = 1e-8``;
     # only when the file writes that number once (another 1e-8 may be something else)
-    found = [node for node in ast.walk(tree) if _is_number(node, value)]
+    found = [node for node in _numbers(tree) if _is_number(node, value)]
     if len(found) != 1:
         return None
     start, end = source.span(found[0])
     return _replace(text, [(start, end, new_literal)])
 
 
+def _numbers(tree: ast.Module) -> list[ast.expr]:
+    """The number literals of ``tree`` with their sign (``-1e9`` once, not its ``1e9``)."""
+    negated = {
+        id(node.operand) for node in ast.walk(tree)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+    }
+    return [
+        node for node in ast.walk(tree)
+        if isinstance(node, (ast.Constant, ast.UnaryOp)) and id(node) not in negated
+    ]
+
+
 def _is_number(node: ast.AST, value: float) -> bool:
-    return isinstance(node, ast.Constant) and type(node.value) is float and _same(
-        node.value, value
-    )
+    """A float literal equal to ``value``, ``-1e9`` included."""
+    inner = node.operand if isinstance(node, ast.UnaryOp) else node
+    if not (isinstance(inner, ast.Constant) and type(inner.value) is float):
+        return False
+    found = _constant_value(node)
+    return found is not None and _same(found, value)
 
 
 def bce_with_logits(path: Path, line: int) -> str | None:

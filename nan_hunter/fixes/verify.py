@@ -143,8 +143,11 @@ class _Search:
                 continue
             if best is not None and safety(c.fix) > best:
                 continue  # less safe than a verified fix: never ranked before it
-            if any(covers(c.fix, v.fix) for v in verified):
-                continue  # its region holds a verified one's: it cannot cost less
+            if any(
+                covers(c.fix, v.fix) and safety(c.fix) >= safety(_judged(v.fix, cache[v.key]))
+                for v in verified
+            ):
+                continue  # it holds a verified one's lines: it cannot cost less, nor be safer
             return c
         return None
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Applicability, Kind, Phase
+from nan_hunter.findings import Kind, Phase
+from nan_hunter.rules._eps import eps_rewrite
 from nan_hunter.rules._messages import output_damage, upstream_site
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 from nan_hunter.trace.stats import format_number
-
-SAFE_EPS = "1e-4"
-"""An eps FP16 holds as a normal number (its smallest normal is 6.1e-5)."""
 
 
 def _vanishing_scalars(c: Candidate) -> list[float]:
@@ -80,18 +78,7 @@ region), only the larger eps fixes the model.
         eps = _vanishing_scalars(c)[0]
         alternatives = ()
         if same_file and where is not None:
-            alternatives = (
-                FixPlan(
-                    title=f"Use an eps {c.fmt.name} can hold: {SAFE_EPS} instead of "
-                    f"{format_number(eps)} (changes the numerics)",
-                    applicability=Applicability.UNSAFE,
-                    leads=True,
-                    rewrite="scalar",
-                    rewrite_line=where.line,
-                    value=eps,
-                    literal=SAFE_EPS,
-                ),
-            )
+            alternatives = (eps_rewrite(c.fmt, eps, where.line),)
         return FixPlan(
             title="Compute the eps-guarded expression in FP32 (autocast disabled)",
             region=True,

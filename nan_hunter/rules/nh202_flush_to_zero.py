@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nan_hunter.findings import Kind, Phase
+from nan_hunter.rules._eps import eps_rewrite
 from nan_hunter.rules._messages import output_damage, upstream_site
 from nan_hunter.rules.registry import Candidate, FixPlan, Rule, register
 from nan_hunter.trace.summary import format_number
@@ -40,6 +41,12 @@ nll = -torch.log(p)                           # log(0) = -inf
 Compute the small values and their consumer in FP32 (the patch wraps both in an
 autocast-disabled region with `.float()` operands), or use a fused, stable form
 (`logsigmoid`, `log_softmax`, `binary_cross_entropy_with_logits`). Safe.
+
+When an add on the way has an eps FP16 cannot hold as a normal number (`torch.sqrt(var +
+1e-9)`: 0 in FP16, so a zero variance stays 0 and the division is 0/0), the eps is the cause:
+the fix writes it as `1e-4` where the number is written (as NH201's does: unsafe, its FP32 loss
+change measured, taken by default when within 5%), and the FP32 regions follow it as
+alternatives.
 """
 
     def matches(self, c: Candidate) -> bool:
@@ -79,11 +86,19 @@ autocast-disabled region with `.float()` operands), or use a fused, stable form
         here = c.event.location
         same_file = up is not None and here is not None and up.file == here.file
         what = "subtraction" if c.upstream.reason == "cancel" else "underflowing values"
+        lost = c.upstream.lost_eps
+        eps_at = lost.event.location if lost is not None else None
+        leads = ()
+        if lost is not None and eps_at is not None and here is not None and (
+            eps_at.file == here.file
+        ):
+            leads = (eps_rewrite(c.fmt, lost.value, eps_at.line),)
         return FixPlan(
             title=f"Compute the {what} and their consumer in FP32",
             region=True,
             extra_lines=(up.line,) if same_file and up is not None else (),
             upcast_sites=upstream_site(c) if same_file else (),
+            alternatives=leads,
         )
 
 

@@ -22,6 +22,13 @@ fail is a bug of this generator.
 
 ``python -m tests.fix_shapes.generator --report`` runs ``nan-hunter scan FILE --fix-all
 --format json`` on every model (in-process) and prints one line per model and the pass rates.
+
+Each model also has a hand-written **minimal fix**, one template per culprit shape (``MINIMAL``):
+the overflowing matmul alone in FP32 (attention scores, the solve after an inverse), or a
+change that moves no matmul/conv FLOPs to FP32 (the eps, the bound, the mask constant
+changed; an elementwise op in FP32). A model is **lean** when it ends clean and the files
+``--fix-all`` left keep no more of the matmul/conv FLOPs in FP32 than the hand-fixed model does,
+plus ``LEAN_MARGIN`` (2 points): both measured by scanning the files (``Report.precision``).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -78,10 +86,14 @@ class GeneratedModel:
     """The model file, relative to the model's folder."""
     files: dict[str, str] = field(hash=False)
     """Every file of the model (relative path -> text)."""
+    minimal_files: dict[str, str] | None = field(default=None, hash=False)
+    """The files with the hand-written minimal fix (``MINIMAL``), when it moves matmul FLOPs
+    to FP32; None when it moves none (a constant changed, an elementwise op in FP32)."""
 
-    def write(self, folder: Path) -> Path:
-        """Write the files under ``folder``; returns the model file."""
-        for rel, text in self.files.items():
+    def write(self, folder: Path, files: dict[str, str] | None = None) -> Path:
+        """Write the files (``files``, else the model's) under ``folder``; returns the model
+        file."""
+        for rel, text in (files or self.files).items():
             path = folder / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
@@ -135,6 +147,44 @@ class _Block:
     """Body of ``sample_batch()`` after the seed (returns the batch)."""
     extra_args: str = ""
     """Extra forward parameters after ``x`` (``, mask``)."""
+    minimal: tuple[tuple[str, str], ...] = ()
+    """The hand-written minimal fix as ``(old, new)`` replacements of ``source`` (empty: the
+    template moves no matmul FLOPs to FP32)."""
+
+
+MINIMAL: dict[str, str] = {
+    "attention": "the scores matmul alone in FP32 (half mode: its softmax cast back)",
+    "inverse": "the solve's matmul alone in FP32",
+    "square": "an elementwise op: no matmul FLOPs in FP32",
+    "rsqrt_var": "the eps changed (1e-4): none in FP32",
+    "clamp_max": "the bound changed: none in FP32",
+    "one_minus": "the constant changed: none in FP32",
+    "log_floor": "the floor changed: none in FP32",
+    "masked_fill": "the mask constant changed: none in FP32",
+    "additive": "the mask constant changed: none in FP32",
+    "pow": "an elementwise op: no matmul FLOPs in FP32",
+    "sqrt": "an elementwise op: no matmul FLOPs in FP32",
+    "atan2": "an elementwise op: no matmul FLOPs in FP32",
+}
+"""The template of each culprit shape's hand-written minimal fix."""
+
+LEAN_MARGIN = 0.02
+"""A fix is lean when it keeps at most this much more of the matmul/conv FLOPs in FP32 than
+the hand-written minimal fix."""
+
+_NO_AUTOCAST = 'with torch.autocast(device_type="cuda", enabled=False):'
+
+
+def _in_fp32(statement: str, mode: str, operands: tuple[str, ...]) -> str:
+    """``statement`` with ``operands`` upcast; under autocast, in an autocast-off block."""
+    for name in operands:
+        if name.endswith(")"):  # a module's result: ``self.q_proj(x)``
+            statement = statement.replace(name, f"{name}.float()")
+        else:  # a name: ``q``, not ``q_proj`` nor ``self.q``
+            statement = re.sub(rf"(?<![.\w]){name}(?![\w(])", f"{name}.float()", statement)
+    if mode == "half":
+        return statement
+    return f"{_NO_AUTOCAST}\n    {statement}"
 
 
 def _indent(text: str, n: int) -> str:
@@ -222,7 +272,12 @@ class {cls}(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
 {_indent(body, 8)}"""
     batch = f"return torch.randn({bsz}, {seq}, {d}) * {sigma:.3g}"
-    return _Block(cls, source, f"{cls}({d})", d, d, batch)
+    scores = next(ln for ln in body.splitlines() if ln.startswith(f"{sc} = "))
+    operands = (f"self.{qn}(x)", f"self.{kn}(x)") if arrival == "module_call" else ("q", "k")
+    minimal = [(scores, _in_fp32(scores, mode, operands).replace("\n", "\n        "))]
+    if mode == "half":
+        minimal.append((f"{sc}.softmax(-1) @", f"{sc}.softmax(-1).to(x.dtype) @"))
+    return _Block(cls, source, f"{cls}({d})", d, d, batch, minimal=tuple(minimal))
 
 
 def _inverse(rng: random.Random, arrival: str, mode: str) -> _Block:
@@ -274,8 +329,10 @@ class {cls}(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
 {_indent(body, 8)}"""
     bsz = rng.choice([4, 6])
+    codes = next(ln for ln in solve.splitlines() if ln.startswith("codes = "))
     return _Block(cls, source, f"{cls}()", n_sig, n_atoms,
-                  f"return torch.randn({bsz}, {n_sig})")
+                  f"return torch.randn({bsz}, {n_sig})",
+                  minimal=((codes, f"{_NO_AUTOCAST}\n            {codes}"),))
 
 
 def _square(rng: random.Random, arrival: str, mode: str) -> _Block:
@@ -713,10 +770,16 @@ def build(culprit: str, shape: str, arrival: str, mode: str, seed: int) -> Gener
     imports = "import torch\nfrom torch import nn\n"
     files: dict[str, str] = {}
     header = HEADER.format(id=mid, culprit=culprit, shape=shape, arrival=arrival, mode=mode)
+    minimal_source = block.source
+    for old, new in block.minimal:
+        assert old in minimal_source, (mid, old)
+        minimal_source = minimal_source.replace(old, new)
+    minimal: dict[str, str] = {}
     if arrival == "package":
         pkg = f"{names.pkg}_{zlib.crc32(mid.encode()) % 10**6:06d}"
         files[f"{pkg}/__init__.py"] = ""
         files[f"{pkg}/layers.py"] = header + imports + "\n" + block.source.rstrip() + "\n"
+        minimal[f"{pkg}/layers.py"] = header + imports + "\n" + minimal_source.rstrip() + "\n"
         imports += f"\nfrom {pkg}.layers import {block.cls}\n"
         block_source = ""
     else:
@@ -746,7 +809,13 @@ def sample_batch():
 {_indent(block.batch, 4)}"""
     entry = f"{names.module_file}_{zlib.crc32(mid.encode()) % 10**6:06d}.py"
     files[entry] = header + imports + "\n" + block_source + net
-    return GeneratedModel(mid, culprit, shape, arrival, mode, seed, entry, files)
+    if arrival == "package":
+        minimal = {**files, **minimal}
+    else:
+        minimal = {**files, entry: header + imports + "\n" + minimal_source.rstrip() + "\n"
+                   + net}
+    return GeneratedModel(mid, culprit, shape, arrival, mode, seed, entry, files,
+                          minimal if block.minimal else None)
 
 
 def generate(variants: int = 2) -> list[GeneratedModel]:
@@ -803,6 +872,20 @@ class Outcome:
     stopped: str
     verified_but_failing: list[str]
     seconds: float
+    fixed_fp32: float | None = None
+    """The share of the forward's matmul/conv FLOPs in FP32 in the files ``--fix-all`` left."""
+    minimal_fp32: float | None = None
+    """The same share in the hand-fixed model (``MINIMAL``); for a template that moves no
+    matmul FLOPs, in the model as generated."""
+
+    @property
+    def lean(self) -> bool:
+        """Clean, at no more FP32 than the hand-written minimal fix plus ``LEAN_MARGIN``."""
+        return (
+            self.result == "clean" and self.fixed_fp32 is not None
+            and self.minimal_fp32 is not None
+            and self.fixed_fp32 <= self.minimal_fp32 + LEAN_MARGIN
+        )
 
     @property
     def fails_plain(self) -> bool:
@@ -924,12 +1007,31 @@ def run_model(model: GeneratedModel, folder: Path | None = None) -> Outcome:
                 stopped = line.split("--fix-all stopped:", 1)[1].strip()
         left = {_key(f) for f in remaining}
         vbf = [f"{_describe(f)} verified, still failing" for f in verified if _key(f) in left]
+        fixed = minimal = None
+        if code == 0:
+            fixed = fp32_matmul_share(path, model.mode)
+            minimal = fp32_matmul_share(
+                model.write(base / "minimal", model.minimal_files) if model.minimal_files
+                else model.write(base / "as-generated"), model.mode)
         return Outcome(model, plain_code, plain_errors, verified, code,
                        [_describe(f) for f in remaining], error_line, stopped, vbf,
-                       time.perf_counter() - start)
+                       time.perf_counter() - start, fixed, minimal)
     finally:
         if own:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def fp32_matmul_share(path: Path, mode: str) -> float | None:
+    """The share of the forward's matmul/conv FLOPs that ran in FP32 in a plain scan of
+    ``path`` (``Report.precision``); None when the scan has none."""
+    from nan_hunter.api import scan_file
+    from nan_hunter.config import load_settings
+
+    report = scan_file(str(path), load_settings(overrides={"mode": mode}), verify=False)
+    work = report.precision
+    if work is None:
+        return None
+    return work.fp32_matmul_flops / work.matmul_flops if work.matmul_flops else 0.0
 
 
 def _error_line(res) -> str:
@@ -941,6 +1043,14 @@ def _error_line(res) -> str:
         return f"exception: {type(res.exception).__name__}: {res.exception}"
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else f"exit {res.exit_code}"
+
+
+def _lean_note(o: Outcome) -> str:
+    """`` FP32 10.8% (minimal 10.8%)`` after a clean model's line."""
+    if o.fixed_fp32 is None or o.minimal_fp32 is None:
+        return ""
+    mark = "" if o.lean else " NOT LEAN"
+    return f" FP32 {100 * o.fixed_fp32:.1f}% (minimal {100 * o.minimal_fp32:.1f}%){mark}"
 
 
 def rates(outcomes: Iterable[Outcome], key: Callable[[GeneratedModel], str]) -> dict[str, str]:
@@ -981,15 +1091,26 @@ def main(argv: list[str] | None = None) -> int:
         outcomes.append(o)
         plain = "" if o.fails_plain else (
             f" [GENERATOR BUG: plain scan exit {o.plain_code}, {o.plain_errors[:1]}]")
-        print(o.line() + plain + f"  ({o.seconds:.1f}s)", flush=True)
+        print(o.line() + plain + _lean_note(o) + f"  ({o.seconds:.1f}s)", flush=True)
     n = len(outcomes)
     clean = sum(o.result == "clean" for o in outcomes)
+    lean = sum(o.lean for o in outcomes)
     print(f"\n{n} models in {time.perf_counter() - start:.0f}s; clean {clean}/{n} "
-          f"({100 * clean / max(n, 1):.0f}%); verified-but-failing "
+          f"({100 * clean / max(n, 1):.0f}%); lean {lean}/{n} ({100 * lean / max(n, 1):.0f}%: "
+          f"clean at most {100 * LEAN_MARGIN:.0f} points of matmul/conv FLOPs in FP32 beyond "
+          f"the hand-written minimal fix); verified-but-failing "
           f"{sum(o.result == 'verified-but-failing' for o in outcomes)}")
     for title, key in (("culprit", lambda m: m.culprit), ("shape", lambda m: m.shape),
                        ("arrival", lambda m: m.arrival), ("mode", lambda m: m.mode)):
         print(f"per {title}: " + ", ".join(f"{k} {v}" for k, v in rates(outcomes, key).items()))
+    print("lean per mode: " + ", ".join(
+        f"{mode} {sum(o.lean for o in outcomes if o.model.mode == mode)}/"
+        f"{sum(o.model.mode == mode for o in outcomes)}" for mode in MODES))
+    fat = [o for o in outcomes if o.result == "clean" and not o.lean]
+    if fat:
+        print("clean but not lean:")
+        for o in fat:
+            print(f"          {o.model.id}{_lean_note(o)}")
     results: dict[str, int] = {}
     for o in outcomes:
         results[o.result] = results.get(o.result, 0) + 1
