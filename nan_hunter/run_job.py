@@ -452,6 +452,10 @@ class _State:
             line += f", {watch.problems} problem step{'s' * (watch.problems != 1)}{at}"
         else:
             line += ", no problem"
+        spikes = watch.spikes_seen
+        if len(spikes) > 1:
+            line += (f", {len(spikes)} loss spikes (steps {spikes[0]} to {spikes[-1]}; the first "
+                     "was said)")
         if self.ended_by == "max_steps":
             line += f"; --max-steps {self.job.max_steps} reached"
         elif self.ended_by == "stop":

@@ -160,6 +160,8 @@ class ScriptWatch:
         self.spikes = SpikeWatch(spikes) if spikes is not None else None
         """The spike rule on each optimizer step's loss; None: off."""
         self.spikes_are_problems = spikes_are_problems
+        self.spikes_seen: list[int] = []
+        """The steps whose loss was a spike (warned about once, at the first)."""
 
     # ------------------------------------------------------------------ install / remove
 
@@ -497,7 +499,10 @@ class ScriptWatch:
             return None
         if self.spikes_are_problems:
             return Problem(Reason.SPIKE, spike.line())
-        if self.on_warning is not None:
+        self.spikes_seen.append(spike.step)
+        if self.on_warning is not None and len(self.spikes_seen) == 1:
+            # one line: a loss that keeps rising trips the rule step after step; the summary
+            # counts the others
             self.on_warning(WatchWarning(code="loss_spike", step=spike.step,
                                          message=spike.line(), fix=""))
         return None
