@@ -177,7 +177,9 @@ def test_options_apply_on_top_of_settings() -> None:
 
 def test_unknown_option_is_a_config_error() -> None:
     model, batch = _overflowing()
-    with pytest.raises(ConfigError, match=r"unknown option 'dtyp'.*known options: backward"):
+    with pytest.raises(
+        ConfigError, match=r"unknown option 'dtyp'.*known options: accumulation_length, backward"
+    ):
         nan_hunter.scan(model, batch, dtyp="bfloat16")
 
 

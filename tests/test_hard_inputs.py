@@ -399,8 +399,12 @@ def test_in_place_op_that_overflows_is_the_culprit(
     kwargs: dict[str, float], op: str, marker: str
 ) -> None:
     report = nan_hunter.scan(InPlace(**kwargs), EXACT)
-    assert report.errors == 1
     culprit = report.findings[0]
+    if op == "Tensor.__setitem__":  # written last: the inf reaches the output
+        assert report.errors == 1
+    else:  # `h[h > 5.0] = fill` overwrites every inf: absorbed, a warning naming what did it
+        assert (report.errors, culprit.severity.value) == (0, "warning")
+        assert culprit.notes[0].startswith("absorbed by __setitem__ at test_hard_inputs.py:")
     assert culprit.op == op
     assert culprit.code.startswith("NH1")
     assert culprit.location is not None

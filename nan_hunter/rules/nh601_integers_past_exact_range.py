@@ -23,8 +23,8 @@ class IntegersPastExactRange(SiteRule):
     severity = Severity.WARNING
     kind = Kind.PRECISION
     summary = (
-        "Integers beyond the format's exact range (256 in BF16, 2048 in FP16) are held in low "
-        "precision: positions, step counts (precision check)."
+        "Integers past the format's exact range (256 in BF16, 2048 in FP16) held in it: "
+        "positions, counts."
     )
     doc = """\
 ## What

@@ -23,8 +23,8 @@ class Cancellation(SiteRule):
     severity = Severity.WARNING
     kind = Kind.PRECISION
     summary = (
-        "A subtraction's result is far less precise than its operands (catastrophic "
-        "cancellation), measured against FP32 (precision check)."
+        "A subtraction loses far more precision than its operands hold (cancellation), "
+        "against FP32."
     )
     doc = """\
 ## What

@@ -21,8 +21,7 @@ class LongAccumulation(SiteRule):
     severity = Severity.WARNING
     kind = Kind.PRECISION
     summary = (
-        f"A sum/cumsum/prod over at least {_LENGTH} values (accumulation_length) has its result "
-        "in BF16/FP16, outside autocast's FP32 list."
+        f"A sum/cumsum/prod over {_LENGTH}+ values (accumulation_length) kept in BF16/FP16."
     )
     doc = f"""\
 ## What

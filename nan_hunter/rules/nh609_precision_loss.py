@@ -19,8 +19,8 @@ class PrecisionLoss(SiteRule):
     severity = Severity.WARNING
     kind = Kind.PRECISION
     summary = (
-        "An op loses far more precision than one rounding of the format explains, measured "
-        "against FP32: the origin of precision loss (precision check)."
+        "An op loses far more precision than one rounding explains, against FP32: an origin "
+        "of precision loss."
     )
     doc = """\
 ## What
