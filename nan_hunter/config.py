@@ -76,6 +76,11 @@ class Settings:
     """NH503: warn about a forward value within this factor of the format's largest value
     (8: |x| above 65504 / 8 = 8188 in FP16); 0 turns the check off."""
     verify_fixes: bool = True
+    fix_device: str = "policy"
+    """The ``device_type`` of a fix's ``torch.autocast(..., enabled=False)``: ``policy``, the
+    device the policy predicts (``"cuda"``); ``input``, the device of a tensor entering the
+    region (``device_type=x.device.type``: the same line works on a GPU and a CPU), the device
+    scanned on where no input can be named (``nan-hunter run``'s default)."""
     lr: float = 1e-3
     """Adam learning rate for ``--steps``."""
     select: tuple[str, ...] = ("NH",)

@@ -178,7 +178,7 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
             grad_scale=scale,
         )  # fmt: skip
     errors = [
-        _finding(c, settings, plan.patch_device, root_class=type(model).__name__)
+        _finding(c, settings, _fix_device(settings, plan), root_class=type(model).__name__)
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
     errors = [f for f in errors if f is not None]
@@ -328,6 +328,13 @@ def _batch_on(batch: Batch, device: str) -> Batch:
     return batch.map(lambda x: x.to(device))
 
 
+def _fix_device(settings: Settings, plan: PrecisionPlan) -> str:
+    """The ``device_type`` a fix names where it cannot name its input's device: the device
+    the policy predicts (``fix_device: policy``), or the one the scan runs on
+    (``fix_device: input``: ``nan-hunter run``, the script's own device)."""
+    return plan.device if settings.fix_device == "input" else plan.patch_device
+
+
 def _finding(
     c: Candidate, settings: Settings, device: str, *, root_class: str
 ) -> Finding | None:
@@ -338,7 +345,8 @@ def _finding(
     site = edit_site(c.event)
     half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
     fix = (
-        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype, root_class=root_class)
+        build_fix(c, plan, device=device, site=site, half_dtype=half_dtype, root_class=root_class,
+                  device_from_input=settings.fix_device == "input")
         if plan is not None else None
     )
     return origin_finding(

@@ -102,10 +102,27 @@ def verify_fixes(
         fix = finding.fix
         suppressed = finding.suppression is not None
         if fix is not None and (fix.edits or fix.alternatives) and not suppressed:
-            fix = _verified(fix, finding, report, rescan, entry, cache)
+            fix = verified_first(_verified(fix, finding, report, rescan, entry, cache))
             finding = replace(finding, fix=fix)
         findings.append(finding)
     return replace(report, findings=tuple(findings))
+
+
+def verified_first(fix: Fix) -> Fix:
+    """A fix refuted by its re-scan, with an alternative that was verified: that alternative
+    leads (the first proposal is one that works; ``--fix``/``--patch`` take it), the refuted
+    fix and the other alternatives follow it in their order. The first verified alternative
+    the defaults take (safe, or measured harmless) is preferred to an unsafe one."""
+    if fix.verified is not False:
+        return fix
+    verified = [alt for alt in fix.alternatives if alt.verified is True and alt.edits]
+    if not verified:
+        return fix
+    taken = [alt for alt in verified if alt.applicability is Applicability.SAFE
+             or alt.measured_harmless]
+    lead = (taken or verified)[0]
+    rest = (replace(fix, alternatives=()), *(a for a in fix.alternatives if a is not lead))
+    return replace(lead, alternatives=(*lead.alternatives, *rest))
 
 
 def _key(fix: Fix, finding: Finding) -> Key:
