@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from nan_hunter.findings import Finding, Fix, OpRef, Report, SourceLocation
+from nan_hunter.findings import Finding, Fix, OpRef, Report, SourceLocation, TrainingSteps
 from nan_hunter.ranges import Extent, OpRange, RangeMap
 from nan_hunter.report.paths import display_path
 from nan_hunter.version import __version__
@@ -133,8 +133,16 @@ def _training(report: Report) -> dict[str, Any]:
     run = report.training
     if run is None:
         return {}
-    return {"training": {"steps_checked": run.steps_checked, "problem_step": run.problem_step,
-                         "losses_checked": run.losses_checked}}
+    return {"training": training_object(run)}
+
+
+def training_object(run: TrainingSteps) -> dict[str, Any]:
+    """The ``training`` object of JSON and SARIF: the steps checked, the problem step, and the
+    verdict on its cause with its evidence (null and empty when no step was re-run)."""
+    return {"steps_checked": run.steps_checked, "problem_step": run.problem_step,
+            "losses_checked": run.losses_checked,
+            "verdict": run.verdict.value if run.verdict is not None else None,
+            "evidence": list(run.evidence)}
 
 
 def _loss_scale(report: Report) -> dict[str, Any] | None:
