@@ -495,9 +495,9 @@ def test_alternatives_of_failed_fixes_are_verified_in_groups(
         path, monkeypatch, batched=False, tamper=_alternatives_only
     )
     assert (len(calls), len(alone_calls)) == (1 + 4 + 1, 8 if path is GUARDED else 16)
-    for f in batched.findings:
-        assert f.fix is not None and f.fix.verified is False
-        (alternative,) = f.fix.alternatives
-        assert alternative.verified is True
-    alone_alternatives = [f.fix.alternatives[0].verified for f in alone.findings if f.fix]
-    assert alone_alternatives == [path is GUARDED] * 4
+    for f in batched.findings:  # the verified alternative leads, the refuted fix follows
+        assert f.fix is not None and f.fix.verified is True
+        (refuted,) = f.fix.alternatives
+        assert refuted.verified is False
+    alone_leads = [f.fix.verified for f in alone.findings if f.fix]
+    assert alone_leads == [path is GUARDED] * 4

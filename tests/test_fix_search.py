@@ -769,9 +769,10 @@ def test_ops_taking_a_region_result_beyond_fp16_run_in_fp32_too(
     finding = _error(scan_file(str(path)))
     assert finding.op == "torch.nn.functional.linear"
     assert finding.fix is not None
-    assert finding.fix.verified is False
+    # the verified fix leads; the region alone, refuted, follows it
+    assert [f.verified for f in (finding.fix, *finding.fix.alternatives)][:2] == [True, False]
     chosen = _chosen(finding.fix)
-    assert chosen is not None, [(f.title, f.remaining) for f in finding.fix.alternatives]
+    assert chosen is finding.fix, [(f.title, f.remaining) for f in finding.fix.alternatives]
     assert "so the float16 ops taking it" in chosen.title
     assert (chosen.diff or "").count("with torch.autocast(") == 2, chosen.diff
 

@@ -58,7 +58,9 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
     data = json.loads(report.read_text())
     assert data["target"]["notes"] == [
         "training step 12: the loss is nan; 11 optimizer steps checked before it; re-run from "
-        "the step's own inputs and weights"
+        "the step's own inputs and weights",
+        "verdict: precision problem: the re-run in float16 reproduces it at NH102 "
+        "Tensor.__matmul__; in FP32 the same op is finite (|x| <= 8.86e+04)",
     ]
     assert data["training"] == {
         "steps_checked": 11, "problem_step": 12, "losses_checked": 0,

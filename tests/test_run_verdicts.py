@@ -63,20 +63,20 @@ def test_a_patch_from_run_lets_the_watched_script_train_past_its_bad_step(
     code, _, err = invoke("--policy", policy, "--patch", str(patch), script, "--steps", "30")
     assert code == 1
     assert ours(err)[0].startswith("nan-hunter: training step 12: the loss is nan; NH102")
-    text = patch.read_text()
-    assert "+        with torch.autocast(device_type=q.device.type, enabled=False):" in text
     copy = _patched_copy(tmp_path, script, patch)
-    plain = _trains(copy, script, "--steps", "30")  # the script's own CPU autocast
-    assert plain.returncode == 0, plain.stderr
-    assert plain.stdout.splitlines() == ["weights finite: True", "done ['--steps', '30']"]
-    watched = subprocess.run(  # and watched again, policy cuda emulated on the CPU
+    watched = subprocess.run(  # watched again, policy cuda emulated on the CPU
         [sys.executable, "-m", "nan_hunter", "run", "--no-verify", script, "--steps", "30"],
         cwd=copy, capture_output=True, text=True, timeout=300,
     )
-    assert watched.returncode == 0, watched.stderr
     assert ours(watched.stderr) == [
         "nan-hunter: 30 optimizer steps checked, no problem; the script exited with code 0"
     ]
+    assert watched.returncode == 0, watched.stderr
+    plain = _trains(copy, script, "--steps", "30")  # the script's own CPU autocast, unwatched
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines() == ["weights finite: True", "done ['--steps', '30']"]
+    text = patch.read_text()
+    assert "+        with torch.autocast(device_type=q.device.type, enabled=False):" in text
 
 
 def test_the_verified_fix_is_shown_first_and_is_what_patch_writes(tmp_path: Path) -> None:

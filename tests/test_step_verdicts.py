@@ -1,13 +1,11 @@
 """The pieces of ``nan-hunter run``'s verdict on a problem step, without a training script:
 GradScaler's skips judged per optimizer, the verified fix leading, the verdict on the cause,
-its line, and a model call returning a plain dataclass (the scripts: ``test_run_verdicts.py``).
+its line (the scripts: ``test_run_verdicts.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-import torch
+from dataclasses import replace
 
 from nan_hunter.findings import (
     Applicability,
@@ -23,7 +21,6 @@ from nan_hunter.run_job import problem_line
 from nan_hunter.training.checks import OptimizerStep, ScaleWatch
 from nan_hunter.training.diagnosis import Repeats, StepSeen, diagnose
 from nan_hunter.training.events import RunEvent
-from nan_hunter.training.rerun import ModelCall, StepPrecision
 from nan_hunter.training.step_verdict import Reason
 
 
@@ -134,20 +131,3 @@ def test_the_problem_line_says_the_verdict_and_its_evidence() -> None:
         "training step 4: the loss is nan; outside the model's forward: it came later (report "
         "on stderr)"
     )
-
-
-@dataclass
-class _Output:
-    logits: torch.Tensor
-    name: str = "out"
-
-
-def test_a_model_call_returning_a_plain_dataclass_keeps_its_output_gradient() -> None:
-    model = torch.nn.Linear(3, 2)
-    x = torch.randn(4, 3)
-    out = _Output(model(x))
-    call = ModelCall(model, (x,), {}, StepPrecision.now(model, (x,)))
-    call.watch_outputs(out)
-    (out.logits.sum() * 2).backward()
-    assert call.outputs == 1 and sorted(call.grads) == [0]
-    torch.testing.assert_close(call.grads[0], torch.full((4, 2), 2.0))
