@@ -34,6 +34,11 @@ class Numerics(str, Enum):
     real = "real"
 
 
+class FixDevice(str, Enum):
+    policy = "policy"
+    input = "input"
+
+
 class FailOn(str, Enum):
     error = "error"
     warning = "warning"
@@ -63,5 +68,6 @@ SETTING_CHOICES: dict[str, type[Enum]] = {
     "policy": Policy,
     "numerics": Numerics,
     "fail_on": FailOn,
+    "fix_device": FixDevice,
 }
 """The setting each enum is the choices of (``Settings`` keeps the plain names)."""

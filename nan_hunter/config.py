@@ -84,6 +84,11 @@ class Settings:
     accumulation_length: int = 4096
     """NH603: a sum/cumsum/prod in low precision over at least this many values."""
     verify_fixes: bool = True
+    fix_device: str = "policy"
+    """The ``device_type`` of a fix's ``torch.autocast(..., enabled=False)``: ``policy``, the
+    device the policy predicts (``"cuda"``); ``input``, the device of a tensor entering the
+    region (``device_type=x.device.type``: the same line works on a GPU and a CPU), the device
+    scanned on where no input can be named (``nan-hunter run``'s default)."""
     lr: float = 1e-3
     """Adam learning rate for ``--steps``."""
     select: tuple[str, ...] = ("NH",)

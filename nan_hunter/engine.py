@@ -203,7 +203,7 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
             grad_scale=scale,
         )  # fmt: skip
     errors = [
-        _finding(c, settings, plan.patch_device, root_class=type(model).__name__,
+        _finding(c, settings, _fix_device(settings, plan), root_class=type(model).__name__,
                  library=_library(c, target, model))
         for c in (*analysis.failures, *analysis.forward, *analysis.backward)
     ]
@@ -378,6 +378,13 @@ def _library(c: Candidate, target: Target, model: torch.nn.Module) -> LibrarySco
     return library_scope(model, c.event.module, ModelSite(target.file, target.model_fn))
 
 
+def _fix_device(settings: Settings, plan: PrecisionPlan) -> str:
+    """The ``device_type`` a fix names where it cannot name its input's device: the device
+    the policy predicts (``fix_device: policy``), or the one the scan runs on
+    (``fix_device: input``: ``nan-hunter run``, the script's own device)."""
+    return plan.device if settings.fix_device == "input" else plan.patch_device
+
+
 def _finding(
     c: Candidate,
     settings: Settings,
@@ -394,7 +401,8 @@ def _finding(
     half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
     fix = (
         build_fix(c, plan, device=device, site=site, half_dtype=half_dtype,
-                  root_class=root_class, library=library)
+                  root_class=root_class, library=library,
+                  device_from_input=settings.fix_device == "input")
         if plan is not None else None
     )
     return origin_finding(

@@ -60,6 +60,36 @@ class OpRef:
     reason: str
 
 
+class StepVerdict(str, enum.Enum):
+    """The cause of a training step's non-finite values, as the re-run of its model call shows
+    it (``nan-hunter run``)."""
+
+    PRECISION = "precision_problem"
+    """The re-run in the step's precision reproduces it, and the same op is finite in FP32."""
+    REAL_BUG = "real_bug"
+    """Non-finite in FP32 too (or the step ran in FP32, or its inputs were not finite)."""
+    NOT_REPRODUCIBLE = "not_reproducible"
+    """The step's model outputs were not finite, but the same inputs and weights give finite
+    values now: a transient fault, a non-deterministic kernel, or state the re-run does not
+    restore."""
+    OUTSIDE = "outside_forward"
+    """The step's model outputs were finite and its re-run is too: the non-finite values came
+    in after the forward (the loss computed outside the model, a gradient hook, another
+    rank)."""
+
+    @property
+    def label(self) -> str:
+        return _VERDICT_LABELS[self]
+
+
+_VERDICT_LABELS = {
+    StepVerdict.PRECISION: "precision problem",
+    StepVerdict.REAL_BUG: "real bug",
+    StepVerdict.NOT_REPRODUCIBLE: "not reproducible",
+    StepVerdict.OUTSIDE: "outside the model's forward",
+}
+
+
 @dataclass(frozen=True)
 class Fp32Rerun:
     """The culprit op in the FP32 reference run of the same model and batch."""
@@ -322,6 +352,10 @@ class TrainingSteps:
     losses_checked: int = 0
     """Backward passes whose loss was checked with no torch optimizer seen (weights updated by
     hand): the loss only, not the gradients nor the update."""
+    verdict: StepVerdict | None = None
+    """What the re-run of the problem step shows about its cause (None: no step was re-run)."""
+    evidence: tuple[str, ...] = ()
+    """What the verdict rests on, one sentence each, the first the one ``run``'s line shows."""
 
     repro: ReproBundle | None = None
     """The reproduction bundle of the problem step (``--save-repro``), when one was tried."""

@@ -51,14 +51,34 @@ COMPARED_PASS_SEED = 0
 """The seed every pass whose loss is compared starts from (``compared_pass_start``)."""
 
 
+_start: RngState | None = None
+"""Where compared passes start instead of the seed (``compared_passes_from``)."""
+
+
 def compared_pass_start() -> None:
     """Seed the random number generators (CPU and every CUDA device) for a pass whose loss is
     compared with another's: the low-precision pass, the FP32 reference, the FP32 loss of a
     patched model, and each pass of a verification re-scan. They then draw the same dropout
     masks, so a correct fix is not refuted because the reference drew other ones ("the loss
     changed"). The scan keeps the caller's random state around all of it
-    (``engine._random_state_kept``)."""
+    (``engine._random_state_kept``). Inside ``compared_passes_from(state)`` they start from
+    ``state`` instead."""
+    if _start is not None:
+        set_rng_state(_start)
+        return
     torch.manual_seed(COMPARED_PASS_SEED)
+
+
+@contextlib.contextmanager
+def compared_passes_from(state: RngState) -> Iterator[None]:
+    """Compared passes start from ``state`` inside the block, not from the seed: the re-run
+    of a training step draws the dropout masks the step drew (``nan-hunter run``)."""
+    global _start
+    before, _start = _start, state
+    try:
+        yield
+    finally:
+        _start = before
 
 
 def first_then_anew(

@@ -553,27 +553,37 @@ def _script_file(job: RunJob) -> str:
 
 
 def problem_line(event: RunEvent, where: str) -> str:
-    """One line: the step, what broke, where, and where the report went."""
+    """One line: the step, what broke, where, the verdict on its cause with its first piece of
+    evidence (for *not reproducible*, what the re-run could not restore too), and where the
+    report went."""
+    from nan_hunter.findings import StepVerdict
+
     line = f"training step {event.step}: {event.detail}"
     report = event.report
     if report is None:
         return line + f"; not re-run: {event.why_not}"
+    training = report.training
+    verdict = training.verdict if training is not None else None
+    shown = training.evidence if training is not None else ()
+    if verdict is not StepVerdict.NOT_REPRODUCIBLE:
+        shown = shown[:1]
+    else:  # what it could not restore, not the closing list of possible causes
+        shown = tuple(e for e in shown if not e.startswith("a transient fault"))
+    said = f"{verdict.label}: {'; '.join(shown)}" if verdict is not None else ""
     errors = [f for f in report.active if f.severity.value == "error"]
     first = errors[0] if errors else None
     if first is None:
-        found = f"{len(report.active)} warning{'s' * (len(report.active) != 1)}" if (
-            report.active) else "nothing"
-        if event.reason.value == "loss_spike":
+        if event.reason.value == "loss_spike" and not said:
+            found = f"{len(report.active)} warning{'s' * (len(report.active) != 1)}" if (
+                report.active) else "nothing"
             return line + (f"; the re-run of {event.model} finds no error ({found}): no FP16 "
                            f"overflow in its forward explains the spike (report {where})")
-        return line + (
-            f"; the re-run of {event.model} finds no error ({found}): the non-finite values "
-            f"came from outside its forward (another rank's gradients, the loss) (report {where})"
-        )
+        return line + f"; {said or f'the re-run of {event.model} finds no error'} (report {where})"
     at = f" at {_shown_path(first.location.file)}:{first.location.line}" if first.location else ""
     module = f" in {event.model}" + (f".{first.module}" if first.module not in ("", "(root)")
                                      else "")
-    return line + f"; {first.code} {first.op or 'input'}{module}{at} (report {where})"
+    verdict_part = f"; {verdict.label}" if verdict is not None else ""
+    return line + f"; {first.code} {first.op or 'input'}{module}{at}{verdict_part} (report {where})"
 
 
 def repro_line(bundle: ReproBundle) -> str:

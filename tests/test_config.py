@@ -145,7 +145,8 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
         load_settings(path)
     message = str(info.value)
     assert message.startswith(f"{path}: unknown key 'threshold' (known keys: ")
-    assert "backward, device, dtype, fail_on, grad_scale, grad_underflow_share, ignore" in message
+    assert ("backward, device, dtype, fail_on, fix_device, grad_scale, grad_underflow_share, "
+            "ignore") in message
 
 
 def test_unknown_key_on_command_line() -> None:

@@ -681,3 +681,37 @@ def test_a_culprit_already_in_an_fp32_region_is_not_wrapped_again(tmp_path: path
     )
     path = _write(tmp_path, "model.py", source)
     assert build_autocast_region_patch(path, 6, "Tensor.__matmul__", 2) is None
+
+
+def test_a_region_can_name_the_device_of_a_tensor_entering_it(tmp_path: pathlib.Path) -> None:
+    """``nan-hunter run``: the region switches off the autocast of the device the code runs on
+    (the same line on a GPU and a CPU), named by the first tensor the region upcasts; a region
+    with no such tensor names the device given."""
+    source = textwrap.dedent("""\
+        import torch
+
+        def attention(q, k, v):
+            scores = q @ k.transpose(-2, -1)
+            return scores.softmax(-1) @ v
+    """)
+    path = _write(tmp_path, "attention.py", source)
+    patch = build_autocast_region_patch(
+        path, 4, "Tensor.__matmul__", 2, device_type="cpu", device_from_input=True
+    )
+    assert patch is not None
+    assert patch.new_source == textwrap.dedent("""\
+        import torch
+
+        def attention(q, k, v):
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                scores = q.float() @ k.transpose(-2, -1).float()
+            return scores.softmax(-1) @ v
+    """)
+    fp32_operands = build_autocast_region_patch(
+        path, 4, "Tensor.__matmul__", 2, device_type="cpu", device_from_input=True,
+        uncast_operands=frozenset({0, 1}),
+    )
+    assert fp32_operands is not None
+    assert '    with torch.autocast(device_type="cpu", enabled=False):\n' in (
+        fp32_operands.new_source
+    )

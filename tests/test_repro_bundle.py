@@ -15,9 +15,10 @@ from torch.nn import functional as F
 
 from nan_hunter.config import Settings
 from nan_hunter.findings import ReproBundle
+from nan_hunter.pass_state import rng_state
 from nan_hunter.safe_write import WriteError, write_new_folder
 from nan_hunter.training.repro import ReproSource, plan_bundle, write_bundle
-from nan_hunter.training.rerun import ModelCall, StepPrecision, rng_states
+from nan_hunter.training.rerun import ModelCall, StepPrecision
 
 
 class Act(enum.Enum):
@@ -71,7 +72,7 @@ def _source(tmp_path: Path, kwargs: bool = False) -> tuple[ReproSource, torch.Te
     x, mask = torch.randn(3, 6), torch.ones(3, 6)
     args, named = ((x,), {"mask": mask, "temperature": 2.0}) if kwargs else ((x, mask), {})
     precision = StepPrecision.now(model, args)
-    call = ModelCall(model, args, named, precision, rng=rng_states(precision))
+    call = ModelCall(model, args, named, precision, rng=rng_state())
     out = model(*args, **named)
     call.watch_outputs(out)
     (out * 3).sum().backward()
@@ -123,7 +124,7 @@ def test_the_batch_file_is_a_tuple_or_the_calls_inputs_by_name(tmp_path: Path) -
 def test_the_rng_is_set_to_the_state_the_call_started_in(tmp_path: Path) -> None:
     source, _ = _source(tmp_path)
     assert source.call.rng is not None
-    torch.random.set_rng_state(source.call.rng["cpu"])
+    torch.random.set_rng_state(source.call.rng[0])
     first = torch.rand(3)  # what the step's forward would have drawn first
     torch.rand(5)
     write_bundle(source, None, 1, tmp_path)

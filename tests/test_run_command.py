@@ -50,7 +50,7 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
     assert "done" not in done.stdout  # stopped at the bad step
     assert ours(done.stderr) == [
         "nan-hunter: training step 12: the loss is nan; NH102 Tensor.__matmul__ in "
-        f"PairModel.pairs at {PAIRS_REL}:{CULPRIT} (report {report})",
+        f"PairModel.pairs at {PAIRS_REL}:{CULPRIT}; precision problem (report {report})",
         f"nan-hunter: reproduction saved to {bundle} (33 KB): nan-hunter scan "
         f"{bundle}/model.py",
         f"nan-hunter: patch written to {patch}",
@@ -61,18 +61,26 @@ def test_names_the_step_rule_op_module_and_line_of_a_gradscaler_loop(tmp_path: P
     data = json.loads(report.read_text())
     assert data["target"]["notes"] == [
         "training step 12: the loss is nan; 11 optimizer steps checked before it; re-run from "
-        "the step's own inputs and weights"
+        "the step's own inputs and weights",
+        "verdict: precision problem: the re-run in float16 reproduces it at NH102 "
+        "Tensor.__matmul__; in FP32 the same op is finite (|x| <= 8.86e+04)",
     ]
     repro = data["training"].pop("repro")
-    assert data["training"] == {"steps_checked": 11, "problem_step": 12, "losses_checked": 0}
     assert (repro["path"], repro["written"]) == (str(bundle), True)
+    assert data["training"] == {
+        "steps_checked": 11, "problem_step": 12, "losses_checked": 0,
+        "verdict": "precision_problem",
+        "evidence": ["the re-run in float16 reproduces it at NH102 Tensor.__matmul__; in FP32 the "
+                     "same op is finite (|x| <= 8.86e+04)"],
+    }
     first = data["findings"][0]
     assert (first["code"], first["op"], first["module"]) == ("NH102", "Tensor.__matmul__", "pairs")
     assert first["location"]["line"] == CULPRIT
     assert first["fix"]["verified"] is True
     text = patch.read_text()
     assert "--- a/tests/run_scripts/pairs_train.py" in text
-    assert "+        with torch.autocast(device_type=\"cuda\", enabled=False):" in text
+    # the autocast the script runs (CPU here), named by the tensor: the same line on a GPU
+    assert "+        with torch.autocast(device_type=q.device.type, enabled=False):" in text
 
 
 def test_inputs_come_from_the_real_call_with_keyword_arguments() -> None:
@@ -119,7 +127,8 @@ def test_a_clean_max_steps_run_writes_a_json_report_with_the_steps_checked(
     data = json.loads(report.read_text())
     jsonschema.validate(data, json.loads(SCHEMA.read_text()))
     assert (data["status"], data["findings"], data["summary"]["errors"]) == ("clean", [], 0)
-    assert data["training"] == {"steps_checked": 5, "problem_step": None, "losses_checked": 0}
+    assert data["training"] == {"steps_checked": 5, "problem_step": None, "losses_checked": 0,
+                                "verdict": None, "evidence": []}
     assert data["target"]["file"] == PAIRS_REL
     assert data["target"]["notes"][0] == (
         "5 optimizer steps checked, no problem; --max-steps 5 reached"
@@ -135,7 +144,8 @@ def test_a_clean_script_end_writes_a_sarif_report_without_results(tmp_path: Path
     run = json.loads(report.read_text())["runs"][0]
     assert run["results"] == []
     assert run["properties"]["training"] == {"steps_checked": 3, "problem_step": None,
-                                                   "losses_checked": 0}
+                                                   "losses_checked": 0, "verdict": None,
+                                                   "evidence": []}
 
 
 def test_script_exit_code_and_argv_pass_through_when_nothing_is_found() -> None:
@@ -284,7 +294,8 @@ def test_the_sparse_coding_example_is_named_with_a_verified_patch(tmp_path: Path
                             "its running median 0.000687")
     assert ours(err)[1] == (
         "nan-hunter: training step 49: the loss is nan; NH101 torch.matmul in "
-        f"SparseCodingEncoder at examples/train_sparse_coding.py:{line} (report {report})"
+        f"SparseCodingEncoder at examples/train_sparse_coding.py:{line}; precision problem "
+        f"(report {report})"
     )
     first = json.loads(report.read_text())["findings"][0]
     assert (first["code"], first["op"], first["location"]["line"]) == (
@@ -303,7 +314,8 @@ def test_an_fp32_runs_nan_is_analysed_in_fp32_as_a_real_bug() -> None:
     assert "nan-hunter tests/run_scripts/fp32_log_zero.py: float32 on cpu" in err
     assert ours(err)[0] == (
         "nan-hunter: training step 3: the loss is inf; NH301 torch.log in LogFeatures at "
-        f"tests/run_scripts/fp32_log_zero.py:{marker_line(script, '# culprit')} (report on stderr)"
+        f"tests/run_scripts/fp32_log_zero.py:{marker_line(script, '# culprit')}; real bug "
+        "(report on stderr)"
     )
 
 

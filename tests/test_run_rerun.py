@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from nan_hunter.training.rerun import ModelCall, OutputGradientLoss, StepPrecision
@@ -50,3 +52,20 @@ def test_a_captured_call_keeps_the_gradient_that_reached_each_output() -> None:
 def test_a_gradient_that_is_nan_everywhere_is_not_usable() -> None:
     assert not OutputGradientLoss({0: torch.full((3,), float("nan"))}, scale=2.0).usable
     assert OutputGradientLoss({0: torch.tensor([float("nan"), 1.0])}, scale=2.0).usable
+
+
+@dataclass
+class _Output:
+    logits: torch.Tensor
+    name: str = "out"
+
+
+def test_a_model_call_returning_a_plain_dataclass_keeps_its_output_gradient() -> None:
+    model = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    out = _Output(model(x))
+    call = ModelCall(model, (x,), {}, StepPrecision.now(model, (x,)))
+    call.watch_outputs(out)
+    (out.logits.sum() * 2).backward()
+    assert call.outputs == 1 and sorted(call.grads) == [0]
+    torch.testing.assert_close(call.grads[0], torch.full((4, 2), 2.0))

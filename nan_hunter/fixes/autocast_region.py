@@ -37,6 +37,7 @@ from nan_hunter.fixes.edits import edits_between, render_diff
 from nan_hunter.fixes.operands import (
     ATOMIC_OPERANDS,
     TextEdit,
+    an_input,
     binary_operator,
     dtype_of_an_input,
     find_op_node,
@@ -97,6 +98,7 @@ def build_autocast_region_patch(
     consumer_lines: Sequence[int] = (),
     cast_back: str | None = None,
     grow_to_producers: bool = False,
+    device_from_input: bool = False,
 ) -> RegionPatch | None:
     """Plan an edit wrapping the culprit statement in ``torch.autocast(..., enabled=False)``.
 
@@ -108,6 +110,9 @@ def build_autocast_region_patch(
     Diff paths are relative to ``relative_to`` (default: ``path.parent``). ``upcast_sites`` are
     further ``(line, op_name, n_tensor_operands)`` ops inside the region whose operands are
     upcast as well (an eps addition upstream of the culprit); sites outside it are ignored.
+    With ``device_from_input`` the region names the device of a tensor entering it
+    (``device_type=q.device.type``: the autocast of the device the code runs on, GPU or CPU,
+    is switched off) and ``device_type`` only when no input can be named.
 
     Returns ``None`` when no safe edit can be made. Raises ``ValueError`` when ``path`` is not
     inside ``relative_to`` or ``device_type`` is not a plain device name, and ``OSError`` when the
@@ -135,6 +140,7 @@ def build_autocast_region_patch(
         consumer_lines,
         cast_back,
         grow_to_producers,
+        device_from_input,
     )
     if patched is None:
         return None
@@ -161,6 +167,7 @@ def _patch_text(
     consumer_lines: Sequence[int] = (),
     cast_back: str | None = None,
     grow_to_producers: bool = False,
+    device_from_input: bool = False,
 ) -> tuple[str, int, int] | None:
     """The patched text and the region's original first and last line, or ``None``."""
     try:
@@ -315,7 +322,9 @@ def _patch_text(
     for lineno in range(first_line, last_line + 1):
         if lineno not in interior and lines[lineno - 1].strip():
             lines[lineno - 1] = unit + lines[lineno - 1]
-    header = f'{indent}with torch.autocast(device_type="{device_type}", enabled=False):{newline}'
+    named = an_input(source, region, edits) if device_from_input else None
+    device = f"{named}.device.type" if named is not None else f'"{device_type}"'
+    header = f"{indent}with torch.autocast(device_type={device}, enabled=False):{newline}"
     insertions = [(first_line - 1, header)]
     if not has_torch_import(tree.body, first_line, located.in_function):
         at = import_insert_index(tree.body, source, first_line, located.in_function)

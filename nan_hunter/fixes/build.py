@@ -66,6 +66,7 @@ def build_fix(
     half_dtype: str | None = None,
     root_class: str | None = None,
     library: LibraryScope | None = None,
+    device_from_input: bool = False,
 ) -> Fix:
     """The fix for one finding. ``site`` is where the edit goes: the op's own line in the
     user's project, or the call site in it when the op ran inside an installed library;
@@ -75,13 +76,15 @@ def build_fix(
     region keeps the whole library call in FP32). A plan
     whose edit cannot be made falls back to ``plan.fallback``; ``plan.alternatives`` whose
     edits can be made become the fix's alternatives, except those that change the cause itself
-    (``FixPlan.leads``: a constant FP16 cannot hold), which come first."""
-    fix = _build(c, plan, device, site, half_dtype)
+    (``FixPlan.leads``: a constant FP16 cannot hold), which come first. With
+    ``device_from_input`` an FP32 region names the device of a tensor entering it
+    (``device_type=x.device.type``), ``device`` only when it cannot."""
+    fix = _build(c, plan, device, site, half_dtype, from_input=device_from_input)
     if not fix.edits and plan.fallback is not None:
-        fix = _build(c, plan.fallback, device, site, half_dtype)
+        fix = _build(c, plan.fallback, device, site, half_dtype, from_input=device_from_input)
     built = [
         (p, alt) for p in plan.alternatives
-        if (alt := _build(c, p, device, site, half_dtype)).edits
+        if (alt := _build(c, p, device, site, half_dtype, from_input=device_from_input)).edits
     ]
     alternatives = tuple(alt for p, alt in built if not p.leads)
     wider: list[Fix] = []
@@ -90,14 +93,16 @@ def build_fix(
         # region; an op after it that autocast runs in low precision then overflows in its
         # place. The region plus FP32 regions for those ops: verification picks it when the
         # narrow one fails.
-        carried = _build(c, plan, device, site, half_dtype, downstream=True)
+        carried = _build(c, plan, device, site, half_dtype, downstream=True,
+                         from_input=device_from_input)
         if carried.edits and carried.edits != fix.edits:
             wider.append(carried)
     if plan.region and fix.edits:
         # The same region grown to the statements producing its inputs: when the gradient
         # that the region sends back into an FP16 producer overflows (NH401 at the dtype
         # boundary), this is the fix; verification picks it when the narrow one fails.
-        grown = _build(c, plan, device, site, half_dtype, grow=True)
+        grown = _build(c, plan, device, site, half_dtype, grow=True,
+                       from_input=device_from_input)
         if grown.edits and grown.edits != fix.edits:
             title = f"{grown.title}, with the statements producing its inputs"
             wider.append(replace(grown, title=title))
@@ -361,6 +366,7 @@ def _build(
     half_dtype: str | None,
     grow: bool = False,
     downstream: bool = False,
+    from_input: bool = False,
 ) -> Fix:
     # The file itself, not a link to it (a project file linked from elsewhere, or an unedited
     # file in the verification's mirror): its project root holds the path the edits name.
@@ -398,6 +404,7 @@ def _build(
         consumer_lines=_consumer_lines(c, path) if half_dtype and not in_library else (),
         cast_back=half_dtype,
         grow_to_producers=grow,
+        device_from_input=from_input,
     )
     if patch is None:
         return _advice(plan.title, c, half_dtype)
@@ -407,7 +414,9 @@ def _build(
         title = title.replace("(autocast disabled)", f"(FP32 inputs, results cast back to "
                               f"{half_dtype.removeprefix('torch.')})")
     elif downstream:
-        found = _downstream_regions(c, path, device, (patch.first_line, patch.last_line))
+        found = _downstream_regions(
+            c, path, device, (patch.first_line, patch.last_line), from_input
+        )
         if not found or not found[0]:
             return _advice(plan.title, c, half_dtype)
         regions, root = found
@@ -424,7 +433,7 @@ def _build(
 
 
 def _downstream_regions(
-    c: Candidate, path: Path, device: str, covered: tuple[int, int]
+    c: Candidate, path: Path, device: str, covered: tuple[int, int], from_input: bool = False
 ) -> tuple[list[tuple[SourceLocation, tuple[Edit, ...]]], Path] | None:
     """Autocast: the region's result is still beyond the format's range in the FP32 reference,
     and an op after the region (the caller of the culprit's module, in this file or another of
@@ -457,6 +466,7 @@ def _downstream_regions(
             device_type=device,
             relative_to=root,
             consumer_lines=[other for f, other, _ in sites if f == file and other > line],
+            device_from_input=from_input,
         )
         if patch is None:
             return None

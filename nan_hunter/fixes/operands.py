@@ -172,10 +172,19 @@ def _is_constant(expr: ast.expr) -> bool:
 def dtype_of_an_input(
     source: SourcePositions, region: Sequence[ast.stmt], edits: Sequence[TextEdit]
 ) -> str | None:
-    """``"h.dtype"`` for the first name (or ``self`` attribute) the region upcasts
-    (``h.float()``) that no statement of the region assigns; else for the input ``x`` of a
-    module call the region upcasts (``self.fc(x).float()``: in a ``model.half()`` forward its
-    input has the model's dtype); else ``None``."""
+    """``"h.dtype"`` for ``an_input`` ``h`` of the region; else ``None``."""
+    name = an_input(source, region, edits)
+    return f"{name}.dtype" if name is not None else None
+
+
+def an_input(
+    source: SourcePositions, region: Sequence[ast.stmt], edits: Sequence[TextEdit]
+) -> str | None:
+    """A tensor that enters the region, named as the code names it before the region: the
+    first name (or ``self`` attribute) the region upcasts (``h.float()``) that no statement of
+    the region assigns; else the input ``x`` of a module call the region upcasts
+    (``self.fc(x).float()``: in a ``model.half()`` forward its input has the model's dtype);
+    else ``None``."""
     upcast_at = {e.start for e in edits if e.start == e.end and e.replacement == ".float()"}
     assigned: set[str] = set()
     for stmt in region:
@@ -196,7 +205,7 @@ def dtype_of_an_input(
             if "." in name and not name.startswith("self."):
                 continue
             if source.span(node)[1] in upcast_at:
-                return f"{name}.dtype"
+                return name
     for stmt in region:  # else the input of a module the region calls upcast: ``self.fc(x)``
         for node in ast.walk(stmt):
             if (
@@ -204,7 +213,7 @@ def dtype_of_an_input(
                 and (called := dotted_name(node.func)) is not None and called.startswith("self.")
                 and source.span(node)[1] in upcast_at and node.args[0].id not in assigned
             ):
-                return f"{node.args[0].id}.dtype"
+                return node.args[0].id
     return None
 
 

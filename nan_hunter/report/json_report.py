@@ -6,7 +6,15 @@ import json
 import math
 from typing import Any
 
-from nan_hunter.findings import Finding, Fix, FixCost, OpRef, Report, SourceLocation
+from nan_hunter.findings import (
+    Finding,
+    Fix,
+    FixCost,
+    OpRef,
+    Report,
+    SourceLocation,
+    TrainingSteps,
+)
 from nan_hunter.ranges import Extent, OpRange, RangeMap
 from nan_hunter.report.paths import display_path
 from nan_hunter.version import __version__
@@ -168,14 +176,24 @@ def _training(report: Report) -> dict[str, Any]:
     run = report.training
     if run is None:
         return {}
-    training: dict[str, Any] = {"steps_checked": run.steps_checked,
-                                "problem_step": run.problem_step,
-                                "losses_checked": run.losses_checked}
+    return {"training": training_object(run)}
+
+
+def training_object(run: TrainingSteps) -> dict[str, Any]:
+    """The ``training`` object of JSON and SARIF: the steps checked, the problem step, the
+    verdict on its cause with its evidence (null and empty when no step was re-run), and the
+    reproduction bundle when one was made."""
+    training: dict[str, Any] = {
+        "steps_checked": run.steps_checked, "problem_step": run.problem_step,
+        "losses_checked": run.losses_checked,
+        "verdict": run.verdict.value if run.verdict is not None else None,
+        "evidence": list(run.evidence),
+    }
     if run.repro is not None:
         repro = run.repro
         training["repro"] = {"path": repro.path, "bytes": repro.size_bytes,
                              "written": repro.written, "note": repro.note}
-    return {"training": training}
+    return training
 
 
 def _loss_scale(report: Report) -> dict[str, Any] | None:

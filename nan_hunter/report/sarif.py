@@ -21,6 +21,7 @@ from nan_hunter.findings import Edit, Failed, Finding, Fix, OpRef, Report, Sever
 from nan_hunter.fixes.edits import by_file, combine, text_digest
 from nan_hunter.fixes.source_file import SourceError, read_source, split_lines
 from nan_hunter.report.catalog import RuleInfo, rule_catalog
+from nan_hunter.report.json_report import training_object
 from nan_hunter.report.paths import repository_relative
 from nan_hunter.version import __version__
 
@@ -62,9 +63,7 @@ def sarif_dict_many(reports: Sequence[Report], failed: Sequence[Failed] = ()) ->
     }
     training = [r.training for r in reports if r.training is not None]
     if training:  # nan-hunter run: the steps checked, also when there is no result
-        run["properties"] = {"training": {"steps_checked": training[0].steps_checked,
-                                          "problem_step": training[0].problem_step,
-                                          "losses_checked": training[0].losses_checked}}
+        run["properties"] = {"training": training_object(training[0])}
     if failed:  # a partial run must not read as a complete one
         run["invocations"] = [
             {"executionSuccessful": False,

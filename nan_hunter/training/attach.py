@@ -49,13 +49,28 @@ from torch.utils.hooks import RemovableHandle
 
 from nan_hunter.config import Settings
 from nan_hunter.errors import InternalError, NanHunterError, first_line
-from nan_hunter.findings import TrainingSteps
+from nan_hunter.findings import Report, TrainingSteps
 from nan_hunter.loader import unwrap_model
+from nan_hunter.pass_state import rng_state
 from nan_hunter.shared_patch import SharedPatch
 from nan_hunter.spikes import SpikeRule, SpikeWatch
 from nan_hunter.training import script_patches
-from nan_hunter.training.checks import ScaleWatch, bad_optimizer_grads, grads_finite_flag
+from nan_hunter.training.checks import (
+    OptimizerStep,
+    ScaleWatch,
+    bad_optimizer_grads,
+    grads_finite_flag,
+)
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
+from nan_hunter.training.diagnosis import (
+    Repeats,
+    StepSeen,
+    changed_inputs,
+    changed_state,
+    diagnose,
+    input_versions,
+    plain_state,
+)
 from nan_hunter.training.distributed import (
     OK,
     OWN,
@@ -79,7 +94,6 @@ from nan_hunter.training.rerun import (
     StepPrecision,
     pick_call,
     rerun_call,
-    rng_states,
 )
 from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
 
@@ -139,7 +153,8 @@ class ScriptWatch:
         """The exit code of a ``StopRun`` raised: the stop holds until the script ends."""
         self.events: list[RunEvent] = []
         self.optimizers_seen = 0
-        self._optimizers: set[int] = set()
+        self._optimizers: dict[int, int] = {}
+        """id -> 1-based order of first appearance."""
         self._calls: list[ModelCall] = []
         self._losses: list[torch.Tensor] = []
         self._local = threading.local()
@@ -148,8 +163,13 @@ class ScriptWatch:
         self._in_scaler: Any = None
         """The GradScaler whose ``step`` is running (the optimizer pre-hook is inside it)."""
         self._scaler_optimizer: Any = None
+        self._went_through = False
+        """The optimizer pre-hook ran inside the running ``GradScaler.step`` (not skipped)."""
+        self._iteration: list[tuple[OptimizerStep, Any]] = []
+        """The ``scaler.step(optimizer)`` calls since the last ``scaler.update()``: several
+        optimizers may share one GradScaler (a GAN)."""
         self._set_aside: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        self._pending: tuple[Problem, Any, float | None] | None = None
+        self._pending: tuple[Problem, Any, float | None, int] | None = None
         self._ranks: Ranks | None = None
         self._handles: list[RemovableHandle] = []
         self._patches: list[SharedPatch] = []
@@ -222,9 +242,8 @@ class ScriptWatch:
             return
         if not any(p.requires_grad for p in module.parameters()):
             return  # a loss module, an activation called on its own
-        precision = StepPrecision.now(module, args)
-        self._local.pending = (module, precision,
-                               rng_states(precision) if self.keep_repro else None)
+        # the generators' state, for a re-run with the same dropout masks (a copy of ~5 KB)
+        self._local.pending = (module, StepPrecision.now(module, args), rng_state())
 
     @script_entry("the module forward hook")
     def _post_forward(self, module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
@@ -238,7 +257,8 @@ class ScriptWatch:
         self._local.pending = None
         if output is None:
             return  # the forward raised (always_call)
-        call = ModelCall(module, args, dict(kwargs), pending[1], rng=pending[2])
+        call = ModelCall(module, args, dict(kwargs), pending[1], rng=pending[2],
+                         versions=input_versions(args, kwargs))
         call.watch_outputs(output)
         if call.outputs:
             self._calls.append(call)
@@ -311,9 +331,9 @@ class ScriptWatch:
             raise StopRun(self.stopping)
         if self._busy:
             return None
-        if id(optimizer) not in self._optimizers:
-            self._optimizers.add(id(optimizer))
-            self.optimizers_seen += 1
+        self._saw_optimizer(optimizer)
+        if self._in_scaler is not None:
+            self._went_through = True
         # optimizer.step(closure) (Lightning, LBFGS): the forward and backward run inside the
         # step, after this hook: check after the closure, before the update
         if callable(kwargs.get("closure")):
@@ -360,7 +380,9 @@ class ScriptWatch:
             return
         if scaler is not None and self._current_ranks() is not None:
             # under torchrun the ranks agree in scaler.update(), which every rank reaches
-            self._pending = (problem, optimizer, scale) if problem is not None else None
+            self._pending = (
+                (problem, optimizer, scale, self.steps + 1) if problem is not None else None
+            )
             return
         problem, rerun = self._agree(problem)
         if problem is not None:
@@ -375,8 +397,14 @@ class ScriptWatch:
         if self._busy:
             return
         self._restore_grads()
-        if self._in_scaler is None:  # with a GradScaler its update() ends the step
+        if self._in_scaler is None:  # with a GradScaler, scaler.step counts it
+            self.steps += 1
             self._step_done()
+
+    def _saw_optimizer(self, optimizer: Any) -> None:
+        if id(optimizer) not in self._optimizers:
+            self.optimizers_seen += 1
+            self._optimizers[id(optimizer)] = self.optimizers_seen
 
     @script_entry("GradScaler.step")
     def scaler_step(self, scaler: Any, optimizer: Any) -> None:
@@ -391,8 +419,11 @@ class ScriptWatch:
             )
             guard.install()
             self._guards[id(optimizer)] = guard
+        if hasattr(optimizer, "param_groups"):
+            self._saw_optimizer(optimizer)
         self._in_scaler = scaler
         self._scaler_optimizer = optimizer
+        self._went_through = False
 
     @script_entry("the clipping guard")
     def _clipped_scaled(self, name: str, where: str, scaler: Any) -> None:
@@ -413,8 +444,35 @@ class ScriptWatch:
             self.on_warning(warning)
 
     @script_entry("GradScaler.step")
-    def scaler_step_done(self) -> None:
-        self._in_scaler = None
+    def scaler_step_done(self, completed: bool) -> None:
+        """``GradScaler.step`` returned (``completed``) or raised: a step that returned is one
+        optimizer step, skipped when the optimizer's own step did not run."""
+        scaler, self._in_scaler = self._in_scaler, None
+        if self._busy or not completed or self.stopping is not None:
+            return
+        optimizer = self._scaler_optimizer
+        self.steps += 1
+        step = OptimizerStep(id(optimizer), not self._went_through, self.steps)
+        self._iteration.append((step, optimizer))
+        losses, self._losses = self._losses, []  # this optimizer step's: checked below or before
+        if not step.skipped or not losses:
+            return
+        # skipped: the optimizer pre-hook did not run, so its losses are checked here (one host
+        # sync, on a skipped step only); another optimizer's step (a GAN's) does not see them
+        bad = next((x for x in losses if not bool(torch.isfinite(x.detach()).all())), None)
+        if bad is None:
+            return
+        problem = step_verdict(
+            loss=bad, loss_ok=False, grads_ok=True, scaled=True, scale_problem=None,
+            bad_grads=lambda: "",
+        )
+        assert problem is not None
+        scale = float(scaler.get_scale())  # the one this step ran with (before update())
+        if self._current_ranks() is not None:  # the ranks agree in scaler.update()
+            if self._pending is None:
+                self._pending = (problem, optimizer, scale, step.number)
+            return
+        self._problem(problem, optimizer, scale, step=step.number)
 
     @script_entry("GradScaler.update")
     def scaler_updated(self, scaler: Any) -> None:
@@ -423,7 +481,13 @@ class ScriptWatch:
         watch = self._scales.get(id(scaler))
         if watch is None:  # update() without step(): nothing to check
             return
-        used, skipped, scale_problem = watch.observe(float(scaler.get_scale()))
+        iteration, self._iteration = self._iteration, []
+        several = len(self._optimizers) > 1
+        steps = [
+            dataclasses.replace(step, label=self._label(optimizer)) if several else step
+            for step, optimizer in iteration
+        ]
+        used, skipped, scale_problem = watch.observe(float(scaler.get_scale()), steps)
         losses_ok, loss_read = True, None
         if skipped and self._losses:  # the optimizer pre-hook did not run: check the loss here
             flags = [f.float() for f in self._loss_flags()]
@@ -440,14 +504,28 @@ class ScriptWatch:
         )
         if loss_read is not None and problem is None:
             problem = self._spike(loss_read)
-        optimizer, scale = self._scaler_optimizer, used
+        # the step it is about: the skipped one whose streak tripped, the first skipped one
+        # (its loss), else the last of this update
+        about = watch.tripped if scale_problem is not None else None
+        about = about or next((s for s in steps if s.skipped), steps[-1] if steps else None)
+        optimizer = next((o for s, (_, o) in zip(steps, iteration, strict=True) if s is about),
+                         self._scaler_optimizer)
+        step = about.number if about is not None else self.steps + 1
+        scale = used
         pending, self._pending = self._pending, None
         if pending is not None:  # the pre-hook's verdict, held for the ranks' agreement
-            problem, optimizer, scale = pending
+            problem, optimizer, scale, step = pending
+        if not iteration:
+            self.steps += 1  # an update with no step seen: one step, as before
         problem, rerun = self._agree(problem)
         if problem is not None:
-            self._problem(problem, optimizer, scale, rerun)
+            self._problem(problem, optimizer, scale, rerun, step=step)
         self._step_done()
+
+    def _label(self, optimizer: Any) -> str:
+        """``optimizer 2 (Adam)``: which of several optimizers, in the order they first
+        stepped."""
+        return f"optimizer {self._optimizers.get(id(optimizer), 0)} ({type(optimizer).__name__})"
 
     def _current_ranks(self) -> Ranks | None:
         """``current_ranks()``, kept once found while the process group lives (it is asked
@@ -514,7 +592,8 @@ class ScriptWatch:
         return self._losses[-1] if self._losses else None
 
     def _step_done(self) -> None:
-        self.steps += 1
+        """The step (or, with a GradScaler, the ``update()`` ending the optimizer steps
+        counted) is over."""
         self._calls, self._losses = [], []
         if self.max_steps is not None and self.steps >= self.max_steps:
             raise StopRun(0)
@@ -557,25 +636,28 @@ class ScriptWatch:
                                        self.precision_given)
             self._busy = True
             try:
-                replay = (replay_copy(module) if gathered is None
-                          else unsharded_copy(module, gathered))
-                model = type(replay).__name__
-                report = rerun_call(
-                    call, replay, self.settings, scale=scale,
-                    precision_given=self.precision_given,
-                )
+                report, model = self._rerun(call, module, gathered, scale, problem)
+                before = min(self.steps, step - 1)  # the clean steps before it
                 checked = (
-                    f"{self.steps} optimizer step{'s' * (self.steps != 1)}"
+                    f"{before} optimizer step{'s' * (before != 1)}"
                     if self.optimizers_seen else
                     f"no torch optimizer seen, the loss of {self.losses_checked - 1} backward "
                     f"pass{'es' * (self.losses_checked != 2)}"
                 )
                 note = (f"training step {step}: {problem.detail}; {checked} checked before it; "
                         "re-run from the step's own inputs and weights")
+                assert report.training is not None
+                verdict = report.training
+                notes = (*report.target.notes, note,
+                         f"verdict: {verdict.verdict.label if verdict.verdict else '?'}: "
+                         + "; ".join(verdict.evidence))
                 report = dataclasses.replace(
                     report,
-                    target=dataclasses.replace(report.target, notes=(*report.target.notes, note)),
-                    training=TrainingSteps(self.steps, step, self.losses_only),
+                    target=dataclasses.replace(report.target, notes=notes),
+                    training=dataclasses.replace(
+                        verdict, steps_checked=before, problem_step=step,
+                        losses_checked=self.losses_only,
+                    ),
                 )
             except NanHunterError as exc:
                 why_not = f"the re-run failed: {first_line(exc)}"
@@ -587,7 +669,44 @@ class ScriptWatch:
                          repro=repro)
         if report is not None:  # a failed re-run does not use up max_reports
             self.events.append(event)
-        self.on_problem(event)
+        try:
+            self.on_problem(event)
+        except BaseException:  # the script ends here: the steps checked are those before it
+            self.steps = min(self.steps, step - 1) if self.optimizers_seen else self.steps
+            raise
+
+    def _rerun(
+        self, call: ModelCall, module: torch.nn.Module,
+        gathered: dict[str, torch.Tensor] | None, scale: float | None, problem: Problem,
+    ) -> tuple[Report, str]:
+        """Re-run the call in the precision it ran in; when that finds no error, once more
+        from the random number generators' state of the step's forward. The report (of the
+        re-run that reproduced it, else the first) carries the verdict on the cause in its
+        ``training`` (``diagnosis.diagnose``), and the re-run model's class name."""
+        seen = StepSeen.of(call, problem)
+        inputs_changed = changed_inputs(call)
+
+        def copy() -> torch.nn.Module:
+            return replay_copy(module) if gathered is None else unsharded_copy(module, gathered)
+
+        replay = copy()
+        model = type(replay).__name__
+        state = plain_state(replay)
+        report = rerun_call(call, replay, self.settings, scale=scale,
+                            precision_given=self.precision_given)
+        changed = changed_state(state, plain_state(replay))
+        runs, rng_restored, with_rng = 1, False, False
+        if not report.errors:  # once more, with the dropout masks of the step's forward
+            runs, rng_restored = 2, call.rng is not None
+            again = rerun_call(call, copy(), self.settings, scale=scale,
+                               precision_given=self.precision_given, step_rng=True)
+            if again.errors:
+                report, with_rng = again, rng_restored
+        repeats = Repeats(model, runs, rng_restored, with_rng, changed, inputs_changed)
+        verdict, evidence = diagnose(report, seen, repeats)
+        return dataclasses.replace(
+            report, training=TrainingSteps(0, verdict=verdict, evidence=evidence)
+        ), model
 
     def _gather_sharded(self, call: ModelCall | None) -> dict[str, torch.Tensor] | str | None:
         """FSDP: ``gather_full_state`` of the step's model, at the first ``max_reports`` problem

@@ -43,7 +43,12 @@ from nan_hunter.config import Settings
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import ReproBundle
 from nan_hunter.safe_write import new_folder_name, write_new_folder
-from nan_hunter.training.rerun import ModelCall, OutputGradientLoss, precision_settings
+from nan_hunter.training.rerun import (
+    ModelCall,
+    OutputGradientLoss,
+    precision_settings,
+    rng_dict,
+)
 
 MARK = "__nan_hunter__"
 """The key that marks an encoded value (a reference, an object, an enum member) in state.pt."""
@@ -118,7 +123,7 @@ def plan_bundle(source: ReproSource, folder: Path) -> Plan:
         grads = {"grads": {i: _saveable(g) for i, g in source.call.grads.items()},
                  "scale": source.scale}
     state = {"format": 1, "step": source.step, "structure": structure, "buffers": extra,
-             "rng": source.call.rng, "grad_scaler": {"scale": source.scale},
+             "rng": rng_dict(source.call.rng), "grad_scaler": {"scale": source.scale},
              "left_out": list(left_out)}
     files: list[tuple[str, Any]] = [
         ("weights.pt", weights), ("batch.pt", batch), ("state.pt", state),

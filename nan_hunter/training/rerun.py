@@ -23,10 +23,11 @@ from typing import Any, Protocol
 
 import torch
 
-from nan_hunter._nest import leaves
+from nan_hunter._nest import leaves, output_leaves
 from nan_hunter.batch import Batch
 from nan_hunter.config import Settings
 from nan_hunter.findings import Report
+from nan_hunter.pass_state import RngState, compared_passes_from
 
 MAX_GRAPH_NODES = 200_000
 """Autograd nodes walked, per output, to find outputs computed from other outputs."""
@@ -77,17 +78,22 @@ class ModelCall:
     kwargs: dict[str, Any]
     precision: StepPrecision
     grads: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Output leaf index (``_nest.leaves`` order) -> the gradient that reached that output."""
+    """Output leaf index (``_nest.output_leaves`` order) -> the gradient that reached that
+    output."""
     outputs: int = 0
     """Floating outputs that require a gradient (each got a hook)."""
     values: list[torch.Tensor] = field(default_factory=list)
     """Those outputs, detached (kept until the step ends, to tell which call broke)."""
-    rng: dict[str, torch.Tensor] | None = None
-    """torch's RNG states when the call started (``rng_states``), for the repro bundle."""
+    rng: RngState | None = None
+    """The random number generators' state when the call started (its dropout masks)."""
+    versions: tuple[int, ...] = ()
+    """The version counter of each input tensor when the call returned (in-place writes after
+    it bump them: the re-run would read other data)."""
 
     def watch_outputs(self, output: Any) -> None:
-        """A hook on each floating output that requires a gradient, keeping that gradient."""
-        for index, leaf in enumerate(leaves(output)):
+        """A hook on each floating output that requires a gradient, keeping that gradient
+        (tensors in tuples, lists, dicts, ``ModelOutput`` and plain dataclasses)."""
+        for index, leaf in enumerate(output_leaves(output)):
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad and (
                 leaf.is_floating_point()
             ):
@@ -100,12 +106,16 @@ class ModelCall:
         return all(bool(torch.isfinite(t).all()) for t in [*self.values, *self.grads.values()])
 
 
-def rng_states(precision: StepPrecision) -> dict[str, torch.Tensor]:
-    """torch's CPU generator state, and the call's CUDA device's (no device sync: the
-    generator's state lives on the host)."""
-    states = {"cpu": torch.random.get_rng_state()}
-    if precision.device == "cuda" and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state()
+def rng_dict(state: RngState | None) -> dict[str, torch.Tensor]:
+    """A call's generator state as plain tensors by name (what ``torch.load(...,
+    weights_only=True)`` reads back): ``cpu``, and ``cuda`` (the current device's) when CUDA
+    was initialised."""
+    if state is None:
+        return {}
+    states = {"cpu": state[0]}
+    if state[1]:
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        states["cuda"] = state[1][device if device < len(state[1]) else 0]
     return states
 
 
@@ -142,7 +152,7 @@ class OutputGradientLoss:
         return any(bool(g.abs().sum() > 0) for g in self.grads.values())
 
     def __call__(self, output: Any, batch: Any) -> torch.Tensor:
-        flat = list(leaves(output))
+        flat = list(output_leaves(output))
         used = {i: flat[i] for i in self.grads if i < len(flat)
                 and isinstance(flat[i], torch.Tensor) and flat[i].requires_grad}
         used = {i: t for i, t in used.items() if not _upstream_of_another(t, used)}
@@ -247,20 +257,33 @@ def rerun_call(
     *,
     scale: float | None,
     precision_given: frozenset[str] = frozenset(),
+    step_rng: bool = False,
 ) -> Report:
     """Scan ``replay`` (a copy of ``call.module`` with the weights the step ran with) on the
     call's own inputs, in the precision the step ran under (unless a setting named in
     ``precision_given`` was set by the user), the backward driven by the real output
-    gradients (the scan's own default loss when none was kept), at the step's loss scale."""
+    gradients (the scan's own default loss when none was kept), at the step's loss scale. Its
+    fixes name the device of the tensors they take (``fix_device: input``) unless
+    ``fix_device`` was set. With ``step_rng`` the re-run starts from the random number
+    generators' state of the call (the same dropout masks), the script's put back after it."""
     from nan_hunter.api import scan
+    from nan_hunter.options import explicitly_set
 
     settings = dataclasses.replace(settings, grad_scale=scale)
     settings = precision_settings(settings, call.precision, precision_given)
+    if not explicitly_set(settings, "fix_device"):
+        # a patch of the script's own code: it must switch off the autocast the script runs
+        # (CPU or GPU), not the one the policy predicts; the same code is what verification
+        # re-runs, under the emulation too
+        settings = dataclasses.replace(settings, fix_device="input")
     if settings.mode == "half":
         settings = dataclasses.replace(settings, grad_scale=None)
     batch = Batch(args=call.args, kwargs=call.kwargs, raw=(call.args, call.kwargs))
     loss_fn = OutputGradientLoss(call.grads, scale)
-    return scan(replay, batch, loss_fn if loss_fn.usable else None, settings=settings)
+    if not step_rng or call.rng is None:
+        return scan(replay, batch, loss_fn if loss_fn.usable else None, settings=settings)
+    with compared_passes_from(call.rng):  # the step's own dropout masks
+        return scan(replay, batch, loss_fn if loss_fn.usable else None, settings=settings)
 
 
 MAX_GRAPH_NODES = 200_000

@@ -6,7 +6,7 @@ replacement reports to.
   backward once, however it was started; a backward run inside another one (reentrant
   checkpointing) is not reported.
 - ``GradScaler.step``: the optimizer pre-hook runs inside it (``scaler_step`` before,
-  ``scaler_step_done`` after).
+  ``scaler_step_done`` after, saying whether it returned).
 - ``GradScaler.update``: the scale after it (``scaler_updated``).
 
 Each is a ``SharedPatch``: installed by the first ``ScriptWatch.install``, put back by the last
@@ -31,7 +31,7 @@ class Reported(Protocol):
     def saw_backward(self, tensors: Any) -> None: ...
     def backward_done(self) -> None: ...
     def scaler_step(self, scaler: Any, optimizer: Any) -> None: ...
-    def scaler_step_done(self) -> None: ...
+    def scaler_step_done(self, completed: bool) -> None: ...
     def scaler_updated(self, scaler: Any) -> None: ...
 
 
@@ -73,9 +73,12 @@ def _wrap_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, optimizer, *args, **kwargs)
         active.scaler_step(self, optimizer)
         try:
-            return original(self, optimizer, *args, **kwargs)
-        finally:
-            active.scaler_step_done()
+            result = original(self, optimizer, *args, **kwargs)
+        except BaseException:
+            active.scaler_step_done(completed=False)
+            raise
+        active.scaler_step_done(completed=True)
+        return result
 
     return step
 
