@@ -36,8 +36,8 @@ import nan_hunter.fixes.build as build  # noqa: E402
 import nan_hunter.fixes.cost as cost  # noqa: E402
 import nan_hunter.fixes.verify as verify  # noqa: E402
 from nan_hunter.api import scan_file  # noqa: E402
-from nan_hunter.config import load_settings  # noqa: E402
 from nan_hunter.errors import NanHunterError  # noqa: E402
+from nan_hunter.project.config import load_settings  # noqa: E402
 
 
 @contextlib.contextmanager

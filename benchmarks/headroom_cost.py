@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models
 
 import nan_hunter
-from nan_hunter import engine, runner
-from nan_hunter.headroom import build_range_map
+from nan_hunter.engine import runner
+from nan_hunter.engine import scan as engine
+from nan_hunter.engine.range_map import build_range_map
 from nan_hunter.precision.formats import FP16
 
 

@@ -1,5 +1,5 @@
 """What a whole ``nan-hunter scan`` costs as a user runs it: the CLI process with its scan process
-(``nan_hunter.isolation``), against the same scan in-process (``NAN_HUNTER_IN_PROCESS=1``),
+(``nan_hunter.process.isolation``), against the same scan in-process (``NAN_HUNTER_IN_PROCESS=1``),
 against a plain FP32 forward + backward process of the same model file (``fp32``: import torch,
 build the model and batch, one step with the scan's default loss), and, with ``--baseline DIR``,
 against the CLI of another checkout (before/after), interleaved, wall and CPU time of the

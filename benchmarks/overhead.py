@@ -186,7 +186,7 @@ class ScanPlan:
 def scan_plan() -> ScanPlan:
     """The default scan, plus ``policy="cuda"`` when the settings offer it and it is not
     already the default (then ``policy="native"`` is run as the contrast instead)."""
-    from nan_hunter import config
+    from nan_hunter.project import config
 
     fields = {f.name for f in dataclasses.fields(config.Settings)}
     settings = config.load_settings()
@@ -380,7 +380,7 @@ def memory_child(model_name: str, variant_name: str, quick: bool) -> None:
 
     # Module imports are not the variant's working set: import nan_hunter's lazily imported
     # modules before the baseline, as torch is.
-    for module in ("nan_hunter.api", "nan_hunter.engine", "nan_hunter.trace.tracer"):
+    for module in ("nan_hunter.api", "nan_hunter.engine.scan", "nan_hunter.trace.tracer"):
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
 

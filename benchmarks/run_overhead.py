@@ -44,7 +44,7 @@ if str(HERE) not in sys.path:
 
 from models import build_transformer  # noqa: E402
 
-from nan_hunter.config import Settings, load_settings  # noqa: E402
+from nan_hunter.project.config import Settings, load_settings  # noqa: E402
 from nan_hunter.training.attach import RunEvent, ScriptWatch  # noqa: E402
 
 TARGET = 1.02

@@ -210,7 +210,7 @@ def memory_child(name: str, variant: str, quick: bool, baseline: str | None) -> 
     """In a fresh process: RSS high-water mark of one call, over the model already built."""
     scan_base = load_baseline(Path(baseline)) if baseline else None
     calls = variants("cpu", scan_base)
-    for module in ("nan_hunter.engine", "nan_hunter.trace.tracer"):
+    for module in ("nan_hunter.engine.scan", "nan_hunter.trace.tracer"):
         importlib.import_module(module)
     model, batch = build(name, quick)
     gc.collect()

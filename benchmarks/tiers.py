@@ -61,14 +61,14 @@ from overhead import float_loss, forward_backward
 from speed import build
 
 from nan_hunter.api import scan
-from nan_hunter.batch import Batch
-from nan_hunter.config import Settings
-from nan_hunter.pass_state import fewer_collections
+from nan_hunter.core.batch import Batch
+from nan_hunter.engine.pass_state import fewer_collections
+from nan_hunter.engine.runner import PassResult, PassRunner
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import GradientLog
-from nan_hunter.runner import PassResult, PassRunner
+from nan_hunter.project.config import Settings
 from nan_hunter.trace import op_calls
 from nan_hunter.trace.deferred import StatsQueue
 from nan_hunter.trace.op_calls import VIEW_OPS, UntracedOps, base_name

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from nan_hunter.batch import Batch, LossFn
-from nan_hunter.config import Settings, load_settings
-from nan_hunter.engine import scan_target
+from nan_hunter.core.batch import Batch, LossFn
+from nan_hunter.engine.scan import scan_target
 from nan_hunter.findings import Report
 from nan_hunter.fixes.dataflow import model_probe
 from nan_hunter.fixes.in_memory import patched_model_scan
 from nan_hunter.fixes.verify import verify_fixes
-from nan_hunter.loader import (
+from nan_hunter.project.config import Settings, load_settings
+from nan_hunter.project.loader import (
     Names,
     Target,
     as_batch,
@@ -29,9 +29,9 @@ from nan_hunter.loader import (
     refuse_replaced_torch,
     unwrap_model,
 )
-from nan_hunter.options import settings_with
-from nan_hunter.project import is_installed, project_root
-from nan_hunter.suppressions import apply_suppressions
+from nan_hunter.project.options import settings_with
+from nan_hunter.project.paths import is_installed, project_root
+from nan_hunter.project.suppressions import apply_suppressions
 
 
 def scan(
@@ -47,7 +47,7 @@ def scan(
 
     ``batch`` is what ``sample_batch()`` returns in a model file: a Tensor (``model(x)``), a tuple
     or list (positional arguments), a dict with string keys (keyword arguments) or a
-    ``nan_hunter.batch.Batch`` (both, as a real call had them). ``loss_fn(output,
+    ``nan_hunter.core.batch.Batch`` (both, as a real call had them). ``loss_fn(output,
     batch)`` returns a scalar tensor; without it the loss is the sum of the means of all
     floating-point tensors in the output (a model that returns its own scalar loss needs none).
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from nan_hunter.location import SourceLocation
+from nan_hunter.core.location import SourceLocation
+from nan_hunter.core.range_map import RangeMap
 from nan_hunter.precision.scale_window import ScaleWindow
 from nan_hunter.precision.work import PrecisionWork
-from nan_hunter.ranges import RangeMap
 from nan_hunter.trace.summary import TensorStats
 
 

@@ -25,7 +25,7 @@ import pytest
 if TYPE_CHECKING:
     import torch
 
-    from nan_hunter.batch import LossFn
+    from nan_hunter.core.batch import LossFn
     from nan_hunter.findings import Report
 
 _FAIL_ON = ("error", "warning")

@@ -53,7 +53,7 @@ def scanned(path: Path, **options: Any) -> Report:
     Only for tests that read the report (not the scan's output, timing or side effects); a file
     changed since is scanned again."""
     from nan_hunter.api import scan_file
-    from nan_hunter.config import load_settings
+    from nan_hunter.project.config import load_settings
 
     path = Path(path).resolve()
     key = (str(path), path.stat().st_mtime_ns, repr(sorted(options.items())))
@@ -107,7 +107,7 @@ def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _scan_in_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """CLI tests that are not about isolation run the scan in the test's process (an internal
-    switch, see ``nan_hunter.isolation``): a scan process costs a torch import per test.
+    switch, see ``nan_hunter.process.isolation``): a scan process costs a torch import per test.
     ``tests/hostile`` runs the real scan process."""
     if "hostile" not in request.node.path.parts:
         monkeypatch.setenv("NAN_HUNTER_IN_PROCESS", "1")

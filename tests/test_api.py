@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import nan_hunter
-from nan_hunter.config import Settings
 from nan_hunter.errors import ConfigError, UserCodeError
 from nan_hunter.findings import Kind, Phase, Report, Severity
+from nan_hunter.project.config import Settings
 from nan_hunter.report import render
 from tests.conftest import ROOT, marker_line
 

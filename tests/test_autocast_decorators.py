@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nan_hunter.api import scan_file
-from nan_hunter.loader import import_user_module
+from nan_hunter.project.loader import import_user_module
 
 DECORATORS = {
     "positional": '@torch.autocast("cuda", enabled=False)',

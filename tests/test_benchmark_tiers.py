@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from nan_hunter import pass_state
+from nan_hunter.engine import pass_state
 
 pytestmark = pytest.mark.slow  # runs the benchmark's variants
 

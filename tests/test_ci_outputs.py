@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from markdown_it import MarkdownIt
 
+from nan_hunter.core.untrusted import ECHO_LIMIT, capped, echoed, shown, shown_lines
 from nan_hunter.findings import Failed, Finding, Fix, Report, Severity
 from nan_hunter.report import FORMATS, render
 from nan_hunter.report.combined import render_many
-from nan_hunter.untrusted import ECHO_LIMIT, capped, echoed, shown, shown_lines
 
 HOSTILE = (
     "ok\n::error title=X::y.py\r\n\n"  # a workflow command of its own, after a blank line

@@ -121,7 +121,7 @@ def test_a_missing_model_file_is_said_before_a_scan_process_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A scan process imports torch (1.5 s of CPU) before the loader would find the file absent."""
-    import nan_hunter.isolation as isolation
+    import nan_hunter.process.isolation as isolation
 
     def no_process(*args: object, **kwargs: object) -> None:
         raise AssertionError("a scan process started")
@@ -217,9 +217,9 @@ def test_every_scan_flag_goes_to_exactly_one_place() -> None:
     import dataclasses
     import inspect
 
-    from nan_hunter.cli import scan
-    from nan_hunter.config import Settings
-    from nan_hunter.scan_command import JOB_FLAGS, SETTING_FLAGS, Output, ScanCommand
+    from nan_hunter.cli.commands import scan
+    from nan_hunter.cli.scan_command import JOB_FLAGS, SETTING_FLAGS, Output, ScanCommand
+    from nan_hunter.project.config import Settings
 
     flags = {
         name: (["model.py"] if name == "paths" else p.default)

@@ -1,4 +1,4 @@
-"""Tests for ``nan_hunter.config``: defaults, config files, command-line overrides, validation."""
+"""Tests for ``nan_hunter.project.config``: defaults, config files, command-line overrides, validation."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 import yaml
 
-from nan_hunter.config import DEFAULT_CONFIG, Settings, load_settings, read_config_file
 from nan_hunter.errors import ConfigError
+from nan_hunter.project.config import DEFAULT_CONFIG, Settings, load_settings, read_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_DEFAULTS = ROOT / "configs" / "default.yaml"
@@ -349,7 +349,7 @@ def test_grad_scale_rejects_the_rest(tmp_path: Path, text: str) -> None:
 
 def test_known_codes_match_the_registry() -> None:
     """Selectors are checked against rule-module names (no torch import): keep them in sync."""
-    from nan_hunter.config import known_codes
+    from nan_hunter.project.config import known_codes
     from nan_hunter.rules import all_rules
 
     assert known_codes() == {rule.code for rule in all_rules()}

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from nan_hunter.api import scan_file
-from nan_hunter.config import load_settings
 from nan_hunter.findings import Applicability, Finding, Report
 from nan_hunter.fixes.rewrites import custom_function_fp32
+from nan_hunter.project.config import load_settings
 
 FUNCTION = '''\
 class InverseSquare(torch.autograd.Function):

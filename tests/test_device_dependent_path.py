@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
 from nan_hunter.errors import NanHunterError
+from nan_hunter.project.config import load_settings
 
 MODEL = textwrap.dedent(
     """\

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
-from nan_hunter.discovery import discover, search_start
 from nan_hunter.errors import ConfigError
+from nan_hunter.project.config import load_settings
+from nan_hunter.project.discovery import discover, search_start
 from tests.conftest import EXAMPLES
 
 runner = CliRunner()

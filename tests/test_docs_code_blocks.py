@@ -24,8 +24,8 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
-from nan_hunter.discovery import discover
+from nan_hunter.project.config import load_settings
+from nan_hunter.project.discovery import discover
 from tests.conftest import EXAMPLES
 
 if sys.version_info >= (3, 11):

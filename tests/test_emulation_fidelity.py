@@ -16,13 +16,13 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nan_hunter.loader import load_target
+from nan_hunter.engine.runner import PassResult, run_pass
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.override import PolicyOverride
 from nan_hunter.precision.policy import load_policy
-from nan_hunter.runner import PassResult, run_pass
+from nan_hunter.project.loader import load_target
 from tests.conftest import EXAMPLES, FIXTURES
 
 MODELS = sorted(EXAMPLES.glob("*.py")) + sorted(

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 import nan_hunter
-from nan_hunter import resources, scan
+from nan_hunter import scan
 from nan_hunter.errors import InternalError, UserCodeError
 from nan_hunter.precision import gradients
+from nan_hunter.project import resources
 from nan_hunter.trace import deferred
 
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
 from nan_hunter.fixes.select import select_fixes
+from nan_hunter.project.config import load_settings
 from tests.conftest import EXAMPLES, FIXTURES, GOLDEN
 
 runner = CliRunner()

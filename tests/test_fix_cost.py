@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from nan_hunter.api import scan_file
+from nan_hunter.core.location import SourceLocation
 from nan_hunter.findings import (
     Applicability,
     Edit,
@@ -28,7 +29,6 @@ from nan_hunter.findings import (
 )
 from nan_hunter.fixes.cost import choose, covers
 from nan_hunter.fixes.verify import MAX_RESCANS, verify_fix, verify_fixes
-from nan_hunter.location import SourceLocation
 from nan_hunter.report import render
 from nan_hunter.trace.flops import matmul_flops
 from nan_hunter.trace.summary import TensorStats

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 import nan_hunter.api as api
+from nan_hunter.core.location import SourceLocation
 from nan_hunter.findings import Applicability, Edit, Finding, Fix, Kind, Phase, Report, Severity
 from nan_hunter.fixes import verify as verify_module
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow, probe_dataflow
 from nan_hunter.fixes.grouping import PendingFix, groups, independent, worth_probing
 from nan_hunter.fixes.source_file import read_source
-from nan_hunter.location import SourceLocation
 from tests.conftest import FIXTURES, GOLDEN, marker_line, scanned
 
 BATCH = FIXTURES / "batch"

@@ -522,7 +522,7 @@ def test_half_mode_region_ending_in_return_casts_the_returned_value_back(
     """Under model.half() the parent's next Linear has FP16 weights: the FP32 value a region
     returns must be cast back, at the return, once the return brings it back in range, to the
     dtype the model runs in."""
-    from nan_hunter.config import load_settings
+    from nan_hunter.project.config import load_settings
 
     path = tmp_path / "model.py"
     path.write_text(RETURNED.format(body=RETURN_BODIES[body]), encoding="utf-8")
@@ -660,7 +660,7 @@ def test_finfo_bound_leaves_a_name_assigned_two_different_values(tmp_path: Path)
 def test_a_bool_mask_read_by_the_region_is_not_cast(tmp_path: Path) -> None:
     """masked_fill's mask is a bool tensor in the trace: ``.float()`` on it would make the
     patched forward fail ("masked_fill_ only supports boolean masks")."""
-    from nan_hunter.config import load_settings
+    from nan_hunter.project.config import load_settings
 
     path = tmp_path / "model.py"
     path.write_text(

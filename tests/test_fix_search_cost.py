@@ -16,7 +16,7 @@ import pytest
 
 import nan_hunter.fixes.verify as verify
 from nan_hunter.api import scan_file
-from nan_hunter.config import load_settings
+from nan_hunter.project.config import load_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAX_RESCANS_PER_FINDING = 4

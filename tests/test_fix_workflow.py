@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
 from nan_hunter.findings import Edit, Report
 from nan_hunter.fixes.edits import EditConflict, LineMap, apply_edits, edits_between
 from nan_hunter.fixes.verify import verify_fixes
 from nan_hunter.fixes.workflow import apply_fixes
+from nan_hunter.project.config import load_settings
 from nan_hunter.report.json_report import report_dict
 from tests.conftest import EXAMPLES, FIXTURES, PRECISION_FIXES
 

@@ -12,14 +12,14 @@ from torch import nn
 from typer.testing import CliRunner
 
 import nan_hunter
-from nan_hunter import engine
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
+from nan_hunter.engine import scan as engine
 from nan_hunter.findings import Report
 from nan_hunter.precision.formats import FP16
 from nan_hunter.precision.gradients import FlushStats, GradientLog
 from nan_hunter.precision.loss_scale import largest_finite
+from nan_hunter.project.config import load_settings
 from nan_hunter.report import render
 from tests.conftest import FIXTURES, marker_line, scanned
 
@@ -294,8 +294,8 @@ def _low_pass(
     model: nn.Module, log: GradientLog, mode: str = "autocast"
 ) -> tuple[dict[str, object], int]:
     """The per-parameter records of one emulated FP16 pass, and how many forwards it took."""
-    from nan_hunter import runner
-    from nan_hunter.batch import Batch
+    from nan_hunter.core.batch import Batch
+    from nan_hunter.engine import runner
     from nan_hunter.precision.context import PrecisionPlan
 
     torch.manual_seed(1)

@@ -22,7 +22,7 @@ import nan_hunter
 from nan_hunter.api import scan_file
 from nan_hunter.errors import LoadError, UserCodeError
 from nan_hunter.findings import Report
-from nan_hunter.loader import load_target, unwrap_model
+from nan_hunter.project.loader import load_target, unwrap_model
 from nan_hunter.report import render
 from tests.conftest import ROOT, marker_line
 from tests.hard_inputs import hi_fp32_regions

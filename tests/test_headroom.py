@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 import nan_hunter
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
-from nan_hunter.discovery import discover
+from nan_hunter.project.config import load_settings
+from nan_hunter.project.discovery import discover
 from nan_hunter.report import render
 from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, scanned
 
@@ -158,6 +158,6 @@ def test_an_op_whose_backward_overflowed_has_no_headroom() -> None:
 
 
 def test_an_error_in_the_loss_highlights_the_loss_row() -> None:
-    from nan_hunter.report.headroom import culprit_modules
+    from nan_hunter.report.range_map import culprit_modules
 
     assert "(loss)" in culprit_modules(scanned(FIXTURES / "fx_backward_inf.py"))

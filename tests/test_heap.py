@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from nan_hunter import traced_forward
 from nan_hunter.api import scan
+from nan_hunter.engine import traced_forward
 from nan_hunter.precision import heap
 
 

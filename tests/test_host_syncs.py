@@ -119,7 +119,7 @@ class _WritesOutOfSight(nn.Module):
 
 def _runs(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     runs: list[int | None] = []
-    from nan_hunter import runner
+    from nan_hunter.engine import runner
 
     original = runner.PassRunner._whole
 
@@ -232,8 +232,8 @@ def test_the_collector_runs_less_often_during_a_scan_and_as_before_after_it(
     live to the scan's end); the threshold is back when the scan returns."""
     import gc
 
-    from nan_hunter import engine
-    from nan_hunter.pass_state import GC_THRESHOLD
+    from nan_hunter.engine import scan as engine
+    from nan_hunter.engine.pass_state import GC_THRESHOLD
 
     seen: list[int] = []
     analyse = engine.analyse

@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
+from nan_hunter.core.range_map import Extent, ModuleRange, RangeMap
 from nan_hunter.findings import Finding as FindingData
 from nan_hunter.findings import Kind, Phase, Report, ScanTarget, Severity
-from nan_hunter.ranges import Extent, ModuleRange, RangeMap
 from nan_hunter.report import render
-from nan_hunter.report.headroom import group_modules
+from nan_hunter.report.range_map import group_modules
 from tests.conftest import EXAMPLES, scanned
 
 NS = "{http://www.w3.org/1999/xhtml}"

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from nan_hunter.api import scan, scan_file
-from nan_hunter.config import load_settings
 from nan_hunter.fixes.module_region import build_kept_module_patch
+from nan_hunter.project.config import load_settings
 from tests.test_model_state import _assert_same, _snapshot
 
 # --- the patch on generated method shapes ------------------------------------------------------
@@ -259,7 +259,7 @@ def test_half_mode_scans_a_module_that_keeps_itself_in_fp32_as_it_runs(tmp_path:
 
 
 def test_half_mode_restores_a_kept_module_bit_identical(tmp_path: Path) -> None:
-    from nan_hunter.loader import load_target
+    from nan_hunter.project.loader import load_target
 
     path = tmp_path / "kept.py"
     path.write_text(KEPT_MODEL.format(keep=KEEP), encoding="utf-8")

@@ -19,37 +19,37 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nan_hunter"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # bottom first; a module may import its own layer (without a cycle) and the layers below
     ("base", (
-        "nan_hunter.version", "nan_hunter.errors", "nan_hunter.resources", "nan_hunter._nest",
-        "nan_hunter.activity", "nan_hunter.progress", "nan_hunter.terminal",
-        "nan_hunter.location", "nan_hunter.project", "nan_hunter.batch",
-        "nan_hunter.config", "nan_hunter.options", "nan_hunter.discovery",
-        "nan_hunter.targets", "nan_hunter.safe_write", "nan_hunter.choices",
-        "nan_hunter.untrusted", "nan_hunter.shared_patch", "nan_hunter.descendants",
-        "nan_hunter.spikes",
+        "nan_hunter.version", "nan_hunter.errors", "nan_hunter.project.resources", "nan_hunter.core.nest",
+        "nan_hunter.process.activity", "nan_hunter.core.progress", "nan_hunter.cli.terminal",
+        "nan_hunter.core.location", "nan_hunter.project.paths", "nan_hunter.core.batch",
+        "nan_hunter.project.config", "nan_hunter.project.options", "nan_hunter.project.discovery",
+        "nan_hunter.project.targets", "nan_hunter.core.safe_write", "nan_hunter.project.choices",
+        "nan_hunter.core.untrusted", "nan_hunter.core.shared_patch", "nan_hunter.process.descendants",
+        "nan_hunter.core.spikes",
     )),
     ("precision/trace", ("nan_hunter.precision", "nan_hunter.trace")),
     ("load/run", (
-        "nan_hunter.loader", "nan_hunter.model_state", "nan_hunter.blame",
-        "nan_hunter.pass_state", "nan_hunter.pass_retry", "nan_hunter.traced_forward",
-        "nan_hunter.runner",
+        "nan_hunter.project.loader", "nan_hunter.engine.model_state", "nan_hunter.engine.blame",
+        "nan_hunter.engine.pass_state", "nan_hunter.engine.pass_retry", "nan_hunter.engine.traced_forward",
+        "nan_hunter.engine.runner",
     )),
-    ("results", ("nan_hunter.ranges", "nan_hunter.findings", "nan_hunter.suppressions")),
+    ("results", ("nan_hunter.core.range_map", "nan_hunter.findings", "nan_hunter.project.suppressions")),
     ("analysis", (
-        "nan_hunter.candidate", "nan_hunter.analysis", "nan_hunter.headroom",
-        "nan_hunter.precision_loss",
+        "nan_hunter.engine.candidate", "nan_hunter.engine.analysis", "nan_hunter.engine.range_map",
+        "nan_hunter.engine.precision_loss",
     )),
     ("rules", ("nan_hunter.rules",)),
     ("fixes", ("nan_hunter.fixes",)),
     ("report", ("nan_hunter.report",)),
-    ("engine", ("nan_hunter.engine", "nan_hunter._worker", "nan_hunter.isolation")),
+    ("engine", ("nan_hunter.engine.scan", "nan_hunter.process.worker", "nan_hunter.process.isolation")),
     ("api", (
         "nan_hunter.api", "nan_hunter.training", "nan_hunter.watch",
         "nan_hunter.integrations", "nan_hunter.pytest_plugin",
     )),
     ("command line", (
-        "nan_hunter.cli_options", "nan_hunter.command_output", "nan_hunter.scan_output",
-        "nan_hunter.scan_command",
-        "nan_hunter.scan_job", "nan_hunter.run_job", "nan_hunter.run_command",
+        "nan_hunter.cli.options", "nan_hunter.cli.output", "nan_hunter.cli.scan_output",
+        "nan_hunter.cli.scan_command",
+        "nan_hunter.process.scan_process", "nan_hunter.process.script_process", "nan_hunter.cli.run_command",
     )),
     ("cli", ("nan_hunter.cli", "nan_hunter.__main__", "nan_hunter")),
 )
@@ -58,7 +58,7 @@ IMPORTS_BY_NAME = {
     # the rule registry imports every rules/nh*.py module of its own package (discovery)
     ("nan_hunter.rules.registry", "f'{__package__}.{module.name}'"),
     # the user's model, named on the command line, and its patched copy during verification
-    ("nan_hunter.loader", "spec"),
+    ("nan_hunter.project.loader", "spec"),
     ("nan_hunter.fixes.in_memory", "name"),
     # a reproduction bundle's model.py names the modules its classes come from
     ("nan_hunter.training.repro_load", "name"),

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
-from nan_hunter.config import load_settings
 from nan_hunter.findings import Applicability, Finding, Report
 from nan_hunter.fixes.rewrites import scalar_literal
 from nan_hunter.fixes.verify import verify_fix
+from nan_hunter.project.config import load_settings
 from tests.conftest import FIXTURES
 
 runner = CliRunner()

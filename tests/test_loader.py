@@ -1,4 +1,4 @@
-"""Tests for ``nan_hunter.loader``: discovery of the model, batch and loss, and its errors."""
+"""Tests for ``nan_hunter.project.loader``: discovery of the model, batch and loss, and its errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nan_hunter.errors import LoadError, UserCodeError
-from nan_hunter.loader import Names, Target, load_target
+from nan_hunter.project.loader import Names, Target, load_target
 
 MODEL_SOURCE = """\
 import torch

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from nan_hunter.core.spikes import Spike, SpikeRule, SpikeWatch
 from nan_hunter.errors import NanHunterError
-from nan_hunter.spikes import Spike, SpikeRule, SpikeWatch
 
 
 def test_a_loss_above_k_times_the_median_is_a_spike_after_the_warmup() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nan_hunter.config import load_settings
-from nan_hunter.engine import scan_target
-from nan_hunter.loader import load_target
+from nan_hunter.engine.scan import scan_target
+from nan_hunter.project.config import load_settings
+from nan_hunter.project.loader import load_target
 from tests.conftest import EXAMPLES, FIXTURES
 
 
@@ -126,7 +126,7 @@ def test_modes_are_restored_without_calling_train_where_nothing_changed() -> Non
     """A forward that switches a submodule's mode gets every flag back (a parent's ``train``
     sets its children, so parents go first); a module whose mode did not change is not asked
     to ``train`` again (an override may do more than set the flag)."""
-    from nan_hunter.model_state import ModelState
+    from nan_hunter.engine.model_state import ModelState
 
     calls: list[str] = []
 

@@ -10,8 +10,8 @@ import jsonschema
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
+from nan_hunter.project.targets import defines, expand_paths
 from nan_hunter.report.combined import SCHEMA
-from nan_hunter.targets import defines, expand_paths
 from tests.conftest import EXAMPLES, FIXTURES, ROOT
 from tests.test_report_emitters import SARIF_SCHEMA_FILE
 

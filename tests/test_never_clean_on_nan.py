@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 import nan_hunter
-from nan_hunter.batch import Batch
-from nan_hunter.candidate import ScanEvidence
-from nan_hunter.config import Settings
+from nan_hunter.core.batch import Batch
+from nan_hunter.engine.candidate import ScanEvidence
+from nan_hunter.engine.runner import PassResult
 from nan_hunter.findings import Report
-from nan_hunter.loader import load_target
 from nan_hunter.precision.formats import FP16
+from nan_hunter.project.config import Settings
+from nan_hunter.project.loader import load_target
 from nan_hunter.rules.nh901_unexplained_non_finite_loss import UnexplainedNonFiniteLoss
-from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import TensorStats
 from tests.conftest import FIXTURES, ROOT, marker_line, scanned

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import nan_hunter
 from nan_hunter.cli import app
-from nan_hunter.config import DEFAULT_CONFIG
 from nan_hunter.precision.policy import load_policy
-from nan_hunter.resources import config_dir, policy_dir
+from nan_hunter.project.config import DEFAULT_CONFIG
+from nan_hunter.project.resources import config_dir, policy_dir
 from tests.conftest import ROOT
 
 if sys.version_info >= (3, 11):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from nan_hunter.engine.pass_retry import RETRIED, RETRIED_ON_A_KEPT_GRAPH, RetryPolicy
 from nan_hunter.errors import InternalError, UserCodeError
-from nan_hunter.pass_retry import RETRIED, RETRIED_ON_A_KEPT_GRAPH, RetryPolicy
 from nan_hunter.precision.gradients import UnmeasuredGradient
 from nan_hunter.trace.deferred import StaleStatistics
 

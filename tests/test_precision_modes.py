@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from nan_hunter.api import scan
-from nan_hunter.loader import load_target
+from nan_hunter.project.loader import load_target
 from tests.conftest import EXAMPLES, FIXTURES, marker_line, scanned
 from tests.test_model_state import _assert_same, _snapshot
 

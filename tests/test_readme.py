@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nan_hunter.config import load_settings
-from nan_hunter.discovery import discover
-from nan_hunter.suppressions import parse_comment
+from nan_hunter.project.config import load_settings
+from nan_hunter.project.discovery import discover
+from nan_hunter.project.suppressions import parse_comment
 from tests.conftest import ROOT
 
 if sys.version_info >= (3, 11):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nan_hunter.project import real_path
+from nan_hunter.project.paths import real_path
 
 
 def test_real_path_equals_realpath_through_links(

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from nan_hunter.cli import OutputFormat, app
+from nan_hunter.cli.commands import OutputFormat, app
 from nan_hunter.findings import (
     Applicability,
     Finding,

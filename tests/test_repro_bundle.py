@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nan_hunter.config import Settings
+from nan_hunter.core.safe_write import WriteError, write_new_folder
+from nan_hunter.engine.pass_state import rng_state
 from nan_hunter.findings import ReproBundle
-from nan_hunter.pass_state import rng_state
-from nan_hunter.safe_write import WriteError, write_new_folder
+from nan_hunter.project.config import Settings
 from nan_hunter.training.repro import ReproSource, plan_bundle, write_bundle
 from nan_hunter.training.rerun import ModelCall, StepPrecision
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nan_hunter.config import Settings
+from nan_hunter.project.config import Settings
 from nan_hunter.report import catalog
 from nan_hunter.report.catalog import RuleInfo, render_catalog
 from nan_hunter.rules.registry import all_rules

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from nan_hunter.config import Settings
+from nan_hunter.project.config import Settings
 from nan_hunter.training.attach import ScriptWatch
 
 ORIGINAL = torch.autograd.backward

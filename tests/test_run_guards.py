@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from nan_hunter.core.safe_write import refuse_overwrite
 from nan_hunter.errors import NanHunterError
-from nan_hunter.safe_write import refuse_overwrite
 from nan_hunter.training.script_files import ScriptFiles
 from tests.conftest import ROOT
 

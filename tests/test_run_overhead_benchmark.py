@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from nan_hunter.config import Settings
+from nan_hunter.project.config import Settings
 from nan_hunter.training import script_patches
 from nan_hunter.training.attach import ScriptWatch
 

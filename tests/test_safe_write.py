@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nan_hunter import safe_write
-from nan_hunter.safe_write import WriteError, make_backup, replace_with_backup, write_file
+from nan_hunter.core import safe_write
+from nan_hunter.core.safe_write import WriteError, make_backup, replace_with_backup, write_file
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -14,9 +14,9 @@ import torch
 
 from nan_hunter import scan
 from nan_hunter.api import scan_file
-from nan_hunter.config import load_settings
-from nan_hunter.engine import scan_target
-from nan_hunter.loader import Target, as_batch
+from nan_hunter.engine.scan import scan_target
+from nan_hunter.project.config import load_settings
+from nan_hunter.project.loader import Target, as_batch
 from tests.conftest import FIXTURES, marker_line
 
 DROPOUT = FIXTURES / "dropout_overflow.py"

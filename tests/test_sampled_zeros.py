@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 import nan_hunter
-from nan_hunter.batch import Batch
+from nan_hunter.core.batch import Batch
+from nan_hunter.engine.runner import PassResult, PassRunner
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import FP16
-from nan_hunter.runner import PassResult, PassRunner
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import EXACT_UP_TO, sample_step
 
@@ -136,7 +136,7 @@ def test_only_a_verdict_that_reads_zero_counts_has_them_recounted(
     """A clean scan, an overflow (NH109: the op fails on its own inputs) and a real bug (NH301:
     the divisor's zeros come from the FP32 pass) run no recount; an upstream flush to 0
     (NH202) is looked for on exact counts: the forward runs again, once."""
-    import nan_hunter.engine as engine
+    import nan_hunter.engine.scan as engine
 
     passes: list[bool] = []  # per low-precision pass or recount: whether a recount
     real_run, real_recount = engine._Backward.run, engine._Backward.recount

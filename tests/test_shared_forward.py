@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from nan_hunter import runner, traced_forward
 from nan_hunter.api import scan
-from nan_hunter.model_state import ModelState
+from nan_hunter.engine import runner, traced_forward
+from nan_hunter.engine.model_state import ModelState
 from tests.conftest import FIXTURES
 
 
@@ -139,7 +139,7 @@ def test_a_graph_that_cannot_run_backward_twice_gets_a_forward_per_backward(
 
 
 def _window_runner(model: torch.nn.Module, batch: torch.Tensor) -> runner.PassRunner:
-    from nan_hunter.batch import Batch
+    from nan_hunter.core.batch import Batch
     from nan_hunter.precision.context import PrecisionPlan
     from nan_hunter.precision.formats import FP16
 

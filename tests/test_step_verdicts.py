@@ -17,7 +17,7 @@ from nan_hunter.findings import (
     TrainingSteps,
 )
 from nan_hunter.fixes.cost import choose
-from nan_hunter.run_job import problem_line
+from nan_hunter.process.script_process import problem_line
 from nan_hunter.training.checks import OptimizerStep, ScaleWatch
 from nan_hunter.training.diagnosis import Repeats, StepSeen, diagnose
 from nan_hunter.training.events import RunEvent

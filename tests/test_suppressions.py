@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from nan_hunter.api import scan_file
 from nan_hunter.cli import app
-from nan_hunter.suppressions import Directive, parse_comment
+from nan_hunter.project.suppressions import Directive, parse_comment
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_report_emitters import SARIF_SCHEMA_FILE
 

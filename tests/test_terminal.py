@@ -15,15 +15,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nan_hunter import terminal
 from nan_hunter.api import scan_file
-from nan_hunter.cli import app
-from nan_hunter.config import load_settings
-from nan_hunter.progress import listening
+from nan_hunter.cli import app, terminal
+from nan_hunter.cli.terminal import ColorChoice, report_width, wants_color
+from nan_hunter.core.progress import listening
+from nan_hunter.project.config import load_settings
 from nan_hunter.report import render
 from nan_hunter.report.text import MIN_WIDTH, render_rules
 from nan_hunter.rules import all_rules
-from nan_hunter.terminal import ColorChoice, report_width, wants_color
 from tests.conftest import EXAMPLES, FIXTURES, GOLDEN, ROOT, fixture_options
 
 runner = CliRunner()
@@ -192,8 +191,8 @@ def test_help_is_plain_and_shows_defaults() -> None:
 
 
 def test_training_steps_are_announced() -> None:
-    from nan_hunter.config import load_settings
-    from nan_hunter.loader import load_target
+    from nan_hunter.project.config import load_settings
+    from nan_hunter.project.loader import load_target
     from nan_hunter.watch import run_steps
 
     heard: list[str] = []

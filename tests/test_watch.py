@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import nan_hunter
-from nan_hunter.config import Settings, load_settings
 from nan_hunter.errors import ConfigError, NanHunterError
-from nan_hunter.loader import import_user_module, load_target
+from nan_hunter.project.config import Settings, load_settings
+from nan_hunter.project.loader import import_user_module, load_target
 from nan_hunter.training import (
     Reason,
     TrainingProblem,

@@ -32,7 +32,7 @@ from nan_hunter.fixes.rewrites import (
 )
 from nan_hunter.fixes.source_file import read_source
 from nan_hunter.precision.formats import LOW_PRECISION
-from nan_hunter.project import is_installed, project_root, shared_root
+from nan_hunter.project.paths import is_installed, project_root, shared_root
 from nan_hunter.rules.registry import Candidate, FixPlan
 from nan_hunter.trace.events import OpEvent
 

@@ -35,7 +35,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from nan_hunter.batch import Batch, LossFn
+from nan_hunter.core.batch import Batch, LossFn
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def model_probe(
     """A probe of ``model``'s forward and loss on ``batch``, to be run once: FP32, without
     gradients, on a deep copy of the model (the model and the random state are left as they
     were). It lets go of the model when it runs, so the re-scans after it do not hold it."""
-    from nan_hunter.traced_forward import default_loss
+    from nan_hunter.engine.traced_forward import default_loss
 
     held = [(model, batch, loss_fn)]
 

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nan_hunter.core.untrusted import diff_path
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import Edit
 from nan_hunter.fixes.source_file import Source, read_source, split_lines
-from nan_hunter.untrusted import diff_path
 
 
 class EditConflict(NanHunterError):

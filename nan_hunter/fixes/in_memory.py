@@ -23,7 +23,7 @@ import torch
 
 from nan_hunter.errors import LoadError, UserCodeError
 from nan_hunter.findings import Report
-from nan_hunter.project import in_project, project_root
+from nan_hunter.project.paths import in_project, project_root
 
 
 def patched_model_scan(

@@ -36,7 +36,7 @@ from nan_hunter.fixes.source_file import (
     split_lines,
 )
 from nan_hunter.fixes.statements import has_torch_import, import_insert_index
-from nan_hunter.project import is_installed
+from nan_hunter.project.paths import is_installed
 
 HELPER = "_run_in_fp32"
 

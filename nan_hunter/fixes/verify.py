@@ -28,14 +28,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from nan_hunter.core.progress import announce
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import LOSS_RTOL, Finding, Fix, FixCost, Report, SourceLocation
 from nan_hunter.fixes.cost import choose, covers, fix_cost, safety, shared_cost
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.fixes.grouping import Key, PendingFix, code_of, verify_groups, worth_probing
-from nan_hunter.progress import announce
-from nan_hunter.project import is_installed, real_path, shared_root
+from nan_hunter.project.paths import is_installed, real_path, shared_root
 
 Rescan = Callable[[Path], Report]
 """Scans an entry file with the options of the original scan (without verifying)."""

@@ -2,7 +2,7 @@
 
 Fixes are chosen by ``select_fixes`` (the same choice ``--diff`` and ``--patch`` show), applied
 as edits to each file's decoded text and written back in the file's own encoding, BOM and line
-endings through ``nan_hunter.safe_write``: the original first goes to a new ``FILE.orig``
+endings through ``nan_hunter.core.safe_write``: the original first goes to a new ``FILE.orig``
 (``FILE.orig.1``... when taken) unless asked not to, then a fsynced temporary file is renamed
 over the source. Verification happens before, in the scan (``nan_hunter.fixes.verify``).
 """
@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from nan_hunter.core.safe_write import check_fixable, replace_with_backup, write_file
 from nan_hunter.findings import Finding, Fix, Phase, Report
 from nan_hunter.fixes.edits import patch_files
 from nan_hunter.fixes.select import select_fixes
-from nan_hunter.loader import forget_stale_modules
-from nan_hunter.project import shared_root
-from nan_hunter.safe_write import check_fixable, replace_with_backup, write_file
+from nan_hunter.project.loader import forget_stale_modules
+from nan_hunter.project.paths import shared_root
 
 Scan = Callable[[Path], Report]
 """Scans (and verifies) the model file with the options of the original scan."""

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from nan_hunter.core.safe_write import write_file
+from nan_hunter.engine.traced_forward import default_loss
 from nan_hunter.findings import Report
 from nan_hunter.report import render
-from nan_hunter.safe_write import write_file
-from nan_hunter.traced_forward import default_loss
 from nan_hunter.training.distributed import current_ranks, rank_path
 from nan_hunter.training.events import OnProblem, TrainingProblem, WatchEvent, summary_line
 from nan_hunter.training.step_verdict import Reason

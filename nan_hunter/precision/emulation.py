@@ -23,7 +23,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nan_hunter._nest import call_leaves, map_leaves
+from nan_hunter.core.nest import call_leaves, map_leaves
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.precision import heap
 from nan_hunter.precision.grad_nodes import current_node

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nan_hunter._nest import leaves, map_leaves
+from nan_hunter.core.nest import leaves, map_leaves
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
 from nan_hunter.precision.emulation import explicit_dtype
 from nan_hunter.precision.policy import Cast, Policy

@@ -13,7 +13,7 @@ from functools import cache
 import yaml
 
 from nan_hunter.errors import ConfigError
-from nan_hunter.resources import policy_dir
+from nan_hunter.project.resources import policy_dir
 
 
 class Cast(str, enum.Enum):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nan_hunter.choices import OutputFormat
 from nan_hunter.findings import Report
+from nan_hunter.project.choices import OutputFormat
 from nan_hunter.report.github import render_github
 from nan_hunter.report.html import render_html
 from nan_hunter.report.json_report import render_json

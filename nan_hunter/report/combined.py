@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from nan_hunter.core.untrusted import echoed
 from nan_hunter.findings import Failed, Report
 from nan_hunter.report.github import escape_data, render_github
 from nan_hunter.report.html import render_html_many
@@ -26,7 +27,6 @@ from nan_hunter.report.junit import render_junit_many
 from nan_hunter.report.markdown import code, prose, render_markdown
 from nan_hunter.report.sarif import render_sarif_many
 from nan_hunter.report.text import render_text
-from nan_hunter.untrusted import echoed
 from nan_hunter.version import __version__
 
 SCHEMA = "nan-hunter/reports/v1"

@@ -3,16 +3,16 @@ An annotation's file is its path from the repository root (the working directory
 
 Escaping follows the Actions runner: in the message ``%``, CR and LF are percent-encoded; in
 property values (file, line, title) also ``:`` and ``,``, which would end the value. Every other
-control character from the model is shown escaped (``nan_hunter.untrusted``): the log renders
+control character from the model is shown escaped (``nan_hunter.core.untrusted``): the log renders
 terminal sequences. The summary line is not a command, but it names the model file: it is escaped
 the same way, so no newline in a file name starts a workflow command of its own.
 """
 
 from __future__ import annotations
 
+from nan_hunter.core.untrusted import shown
 from nan_hunter.findings import Finding, Report, Severity
 from nan_hunter.report.paths import display_path, repository_relative
-from nan_hunter.untrusted import shown
 
 COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
 

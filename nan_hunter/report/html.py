@@ -19,10 +19,12 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 
+from nan_hunter.core.range_map import Extent, RangeMap
+from nan_hunter.core.untrusted import shown, shown_lines
 from nan_hunter.findings import Failed, Finding, Phase, Report, scale_text
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
-from nan_hunter.ranges import Extent, RangeMap
-from nan_hunter.report.headroom import (
+from nan_hunter.report.paths import display_path
+from nan_hunter.report.range_map import (
     MODULE_HEADER,
     ModuleGroup,
     closest_rows,
@@ -34,10 +36,8 @@ from nan_hunter.report.headroom import (
     module_cells,
     share_text,
 )
-from nan_hunter.report.paths import display_path
 from nan_hunter.report.text import verdict_sentence
 from nan_hunter.trace.summary import format_number
-from nan_hunter.untrusted import shown, shown_lines
 
 BF16_MAX = 3.3895313892515355e38
 FP16_SUBNORMAL = 5.960464477539063e-08

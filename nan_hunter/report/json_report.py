@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from nan_hunter.core.range_map import Extent, OpRange, RangeMap
 from nan_hunter.findings import (
     Finding,
     Fix,
@@ -15,7 +16,6 @@ from nan_hunter.findings import (
     SourceLocation,
     TrainingSteps,
 )
-from nan_hunter.ranges import Extent, OpRange, RangeMap
 from nan_hunter.report.paths import display_path
 from nan_hunter.version import __version__
 

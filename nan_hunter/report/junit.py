@@ -10,9 +10,9 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
+from nan_hunter.core.untrusted import shown_lines
 from nan_hunter.findings import Failed, Finding, Report
 from nan_hunter.report.paths import display_path
-from nan_hunter.untrusted import shown_lines
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 """Characters XML 1.0 cannot hold at all, not even escaped."""

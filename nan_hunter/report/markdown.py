@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from nan_hunter.core.range_map import RangeMap
+from nan_hunter.core.untrusted import shown, shown_lines
 from nan_hunter.findings import Finding, Phase, Report, Severity, SourceLocation
-from nan_hunter.ranges import RangeMap
-from nan_hunter.report.headroom import ClosestRow, closest_rows, limits_text, margin_text
 from nan_hunter.report.paths import display_path
+from nan_hunter.report.range_map import ClosestRow, closest_rows, limits_text, margin_text
 from nan_hunter.report.text import verdict_sentence as fp32_verdict
 from nan_hunter.trace.summary import TensorStats, format_number
-from nan_hunter.untrusted import shown, shown_lines
 
 _PROSE_SPECIAL = re.compile(r"([\\`*_\[\]~]|<(?=[A-Za-z/!?]))")
 """What Markdown would read as markup in plain text: emphasis (``__add__``), links, HTML."""

@@ -17,6 +17,8 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.text import Text
 
+from nan_hunter.core.range_map import RangeMap
+from nan_hunter.core.untrusted import shown, shown_lines
 from nan_hunter.findings import (
     Applicability,
     Finding,
@@ -27,17 +29,15 @@ from nan_hunter.findings import (
     loss_change_text,
 )
 from nan_hunter.precision.scale_window import scale_advice
-from nan_hunter.ranges import RangeMap
-from nan_hunter.report.headroom import (
+from nan_hunter.report.paths import display_path
+from nan_hunter.report.range_map import (
     MODULE_HEADER,
     closest_rows,
     limits_text,
     margin_text,
     module_cells,
 )
-from nan_hunter.report.paths import display_path
 from nan_hunter.trace.summary import format_number
-from nan_hunter.untrusted import shown, shown_lines
 
 if TYPE_CHECKING:
     from nan_hunter.report.catalog import RuleInfo
@@ -47,7 +47,7 @@ _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO:
 
 MIN_WIDTH = 80
 """The narrowest layout: a narrower terminal gets lines of 80 columns (its own wrapping).
-(``nan_hunter.terminal`` has the same constant without importing the report, and torch.)"""
+(``nan_hunter.cli.terminal`` has the same constant without importing the report, and torch.)"""
 
 
 def render_text(
@@ -231,7 +231,7 @@ def _columns(rows: list[list[str]]) -> list[str]:
 
 def _safe(text: str) -> str:
     """A value from the model (a name, a message, a source line) as rich markup: control
-    characters shown escaped (``nan_hunter.untrusted``), markup characters escaped."""
+    characters shown escaped (``nan_hunter.core.untrusted``), markup characters escaped."""
     return escape(shown(text))
 
 

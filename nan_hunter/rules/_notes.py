@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from nan_hunter.candidate import Candidate
+from nan_hunter.engine.candidate import Candidate
 from nan_hunter.findings import Kind
 from nan_hunter.precision.formats import BF16, FP16
 from nan_hunter.trace.stats import format_number

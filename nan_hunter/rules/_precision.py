@@ -8,9 +8,9 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from nan_hunter.candidate import ScanEvidence
+from nan_hunter.engine.candidate import ScanEvidence
+from nan_hunter.engine.precision_loss import SUBTRACTIONS, OpPrecision, PrecisionEvidence, op_name
 from nan_hunter.findings import Finding, Phase
-from nan_hunter.precision_loss import SUBTRACTIONS, OpPrecision, PrecisionEvidence, op_name
 from nan_hunter.rules.registry import SiteRule, advice_finding
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import format_number

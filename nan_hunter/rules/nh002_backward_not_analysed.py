@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from nan_hunter.engine.traced_forward import NO_PARAMETERS
 from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
-from nan_hunter.traced_forward import NO_PARAMETERS
 
 
 @register

@@ -8,10 +8,10 @@ import re
 
 import torch
 
+from nan_hunter.core.location import SourceLocation
 from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
-from nan_hunter.location import SourceLocation
 from nan_hunter.precision.formats import LOW_PRECISION_DTYPES, FloatFormat
-from nan_hunter.project import is_installed
+from nan_hunter.project.paths import is_installed
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
 from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.stats import tensor_stats

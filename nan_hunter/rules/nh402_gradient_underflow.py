@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from nan_hunter.config import Settings
+from nan_hunter.engine.runner import PassResult
 from nan_hunter.findings import Finding, Kind, Phase, Severity, scale_text
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import FlushStats, GradientLog, ScaleWindow, scale_advice
+from nan_hunter.project.config import Settings
 from nan_hunter.rules.registry import (
     Candidate,
     FixPlan,
@@ -26,7 +27,6 @@ from nan_hunter.rules.registry import (
     advice_finding,
     register,
 )
-from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import format_number
 

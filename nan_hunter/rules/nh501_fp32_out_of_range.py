@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from nan_hunter.analysis import cast_inputs, forward_origins
+from nan_hunter.engine.analysis import cast_inputs, forward_origins
+from nan_hunter.engine.runner import PassResult
 from nan_hunter.findings import Finding, Kind, Phase, Severity
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.rules.registry import (
@@ -13,7 +14,6 @@ from nan_hunter.rules.registry import (
     advice_finding,
     register,
 )
-from nan_hunter.runner import PassResult
 from nan_hunter.trace.events import OpEvent
 from nan_hunter.trace.stats import format_number
 

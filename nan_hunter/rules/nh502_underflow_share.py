@@ -3,9 +3,9 @@ is subnormal."""
 
 from __future__ import annotations
 
-from nan_hunter.config import Settings
 from nan_hunter.findings import Finding, Kind, Phase, Severity
 from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.project.config import Settings
 from nan_hunter.rules.nh501_fp32_out_of_range import at_risk, site_findings
 from nan_hunter.rules.registry import Candidate, FixPlan, ScanEvidence, SiteRule, register
 from nan_hunter.trace.events import OpEvent

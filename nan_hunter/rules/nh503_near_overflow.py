@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from nan_hunter.engine.range_map import at_risk_output
 from nan_hunter.findings import Finding, Kind, Severity
-from nan_hunter.headroom import at_risk_output
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.rules.nh501_fp32_out_of_range import site_findings
 from nan_hunter.rules.registry import Candidate, FixPlan, ScanEvidence, SiteRule, register

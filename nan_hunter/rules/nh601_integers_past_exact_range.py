@@ -3,9 +3,9 @@ low precision: positions, step counts, cumulative counts."""
 
 from __future__ import annotations
 
-from nan_hunter.candidate import Candidate, ScanEvidence
+from nan_hunter.engine.candidate import Candidate, ScanEvidence
+from nan_hunter.engine.precision_loss import OpPrecision
 from nan_hunter.findings import Finding, Kind, Severity
-from nan_hunter.precision_loss import OpPrecision
 from nan_hunter.rules._precision import findings, first_jump_after, integer_roots, percent, where
 from nan_hunter.rules.registry import FixPlan, SiteRule, register
 from nan_hunter.trace.stats import format_number

@@ -3,9 +3,9 @@ precision."""
 
 from __future__ import annotations
 
-from nan_hunter.candidate import Candidate, ScanEvidence
-from nan_hunter.config import Settings
+from nan_hunter.engine.candidate import Candidate, ScanEvidence
 from nan_hunter.findings import Finding, Kind, Severity
+from nan_hunter.project.config import Settings
 from nan_hunter.rules._precision import accumulation_length, findings, long_accumulations
 from nan_hunter.rules.registry import FixPlan, SiteRule, register
 from nan_hunter.trace.events import OpEvent

@@ -3,9 +3,9 @@ format explains, not a subtraction (NH602) and not after integers past the exact
 
 from __future__ import annotations
 
-from nan_hunter.candidate import Candidate, ScanEvidence
+from nan_hunter.engine.candidate import Candidate, ScanEvidence
+from nan_hunter.engine.precision_loss import OpPrecision
 from nan_hunter.findings import Finding, Kind, Severity
-from nan_hunter.precision_loss import OpPrecision
 from nan_hunter.rules._precision import findings, jumps, percent
 from nan_hunter.rules.registry import FixPlan, SiteRule, register
 

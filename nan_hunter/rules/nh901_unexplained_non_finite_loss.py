@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nan_hunter.analysis import failures, forward_origins
+from nan_hunter.engine.analysis import failures, forward_origins
 from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
 from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
 from nan_hunter.trace.events import OpEvent

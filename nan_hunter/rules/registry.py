@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from nan_hunter.candidate import Candidate, ScanEvidence
+from nan_hunter.core.location import SourceLocation
+from nan_hunter.engine.candidate import Candidate, ScanEvidence
 from nan_hunter.findings import (
     Applicability,
     Finding,
@@ -34,7 +35,6 @@ from nan_hunter.findings import (
     Phase,
     Severity,
 )
-from nan_hunter.location import SourceLocation
 from nan_hunter.rules._notes import CONTAINED, absorbed, bf16_alternative
 from nan_hunter.trace.events import OpEvent
 

@@ -18,8 +18,8 @@ from types import CodeType, FrameType
 import torch
 import torch.nn.functional as _functional
 
-from nan_hunter.location import SourceLocation
-from nan_hunter.project import is_installed
+from nan_hunter.core.location import SourceLocation
+from nan_hunter.project.paths import is_installed
 
 _TORCH_ROOT = str(Path(torch.__file__).resolve().parent) + "/"
 _OWN_ROOT = str(Path(__file__).resolve().parents[1]) + "/"

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from nan_hunter.core.location import SourceLocation
+from nan_hunter.core.shared_patch import SharedPatch
 from nan_hunter.errors import ours
-from nan_hunter.location import SourceLocation
-from nan_hunter.project import is_installed
-from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.project.paths import is_installed
 from nan_hunter.trace.call_sites import frame_origin
 
 _ANSWERING_GETTERS = ((torch.Tensor.is_cuda, "is_cuda"), (torch.Tensor.is_cpu, "is_cpu"))

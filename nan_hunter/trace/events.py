@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from nan_hunter.location import SourceLocation
+from nan_hunter.core.location import SourceLocation
 from nan_hunter.precision.failures import PolicyFailure
 from nan_hunter.trace.stats import TensorStats
 

@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from nan_hunter._nest import call_leaves
+from nan_hunter.core.nest import call_leaves
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError, UnsupportedError, ours
 from nan_hunter.precision.failures import PolicyFailure, policy_failure
 from nan_hunter.precision.replay import replay_in_fp32

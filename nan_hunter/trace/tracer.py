@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 import torch
 from torch.overrides import TorchFunctionMode
 
-from nan_hunter._nest import call_leaves, leaves, output_leaves
+from nan_hunter.core.location import SourceLocation
+from nan_hunter.core.nest import call_leaves, leaves, output_leaves
 from nan_hunter.errors import OURS_AS_THEY_ARE, InternalError
-from nan_hunter.location import SourceLocation
 from nan_hunter.precision.compare import OpObserver
 from nan_hunter.precision.failures import PolicyFailure
 from nan_hunter.precision.formats import FloatFormat

@@ -47,13 +47,13 @@ from torch.optim.optimizer import (
 )
 from torch.utils.hooks import RemovableHandle
 
-from nan_hunter.config import Settings
+from nan_hunter.core.shared_patch import SharedPatch
+from nan_hunter.core.spikes import SpikeRule, SpikeWatch
+from nan_hunter.engine.pass_state import rng_state
 from nan_hunter.errors import InternalError, NanHunterError, first_line
 from nan_hunter.findings import Report, TrainingSteps
-from nan_hunter.loader import unwrap_model
-from nan_hunter.pass_state import rng_state
-from nan_hunter.shared_patch import SharedPatch
-from nan_hunter.spikes import SpikeRule, SpikeWatch
+from nan_hunter.project.config import Settings
+from nan_hunter.project.loader import unwrap_model
 from nan_hunter.training import script_patches
 from nan_hunter.training.checks import (
     OptimizerStep,

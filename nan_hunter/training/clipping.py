@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.core.shared_patch import SharedPatch
 
 FIX = (
     "scaler.unscale_(optimizer)\n"
@@ -66,7 +66,7 @@ class ClipGuard:
     ``file:line`` of the user's call.
 
     Every guard installed in the process shares one wrapper per function
-    (``nan_hunter.shared_patch``), which asks each of them: watchers that overlap in any order
+    (``nan_hunter.core.shared_patch``), which asks each of them: watchers that overlap in any order
     or thread leave the functions as they found them when the last one is removed."""
 
     def __init__(

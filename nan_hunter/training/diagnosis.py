@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from nan_hunter._nest import call_leaves
+from nan_hunter.core.nest import call_leaves
 from nan_hunter.findings import Report, Severity, StepVerdict
 from nan_hunter.trace.deferred import version_of
 from nan_hunter.trace.summary import format_number

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from nan_hunter.errors import first_line
-from nan_hunter.loader import unwrap_model
+from nan_hunter.project.loader import unwrap_model
 from nan_hunter.training.distributed import Ranks, agree
 
 

@@ -39,10 +39,10 @@ from typing import Any, BinaryIO
 
 import torch
 
-from nan_hunter.config import Settings
+from nan_hunter.core.safe_write import new_folder_name, write_new_folder
 from nan_hunter.errors import NanHunterError
 from nan_hunter.findings import ReproBundle
-from nan_hunter.safe_write import new_folder_name, write_new_folder
+from nan_hunter.project.config import Settings
 from nan_hunter.training.rerun import (
     ModelCall,
     OutputGradientLoss,

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 import torch
 
-from nan_hunter._nest import leaves, output_leaves
-from nan_hunter.batch import Batch
-from nan_hunter.config import Settings
+from nan_hunter.core.batch import Batch
+from nan_hunter.core.nest import leaves, output_leaves
+from nan_hunter.engine.pass_state import RngState, compared_passes_from
 from nan_hunter.findings import Report
-from nan_hunter.pass_state import RngState, compared_passes_from
+from nan_hunter.project.config import Settings
 
 MAX_GRAPH_NODES = 200_000
 """Autograd nodes walked, per output, to find outputs computed from other outputs."""
@@ -239,7 +239,7 @@ def precision_settings(
 ) -> Settings:
     """``settings`` in the precision a call ran under (an FP32 call as FP32 with ``fp32``); a
     key in ``given`` (None: those set explicitly in ``settings``) is kept as it is."""
-    from nan_hunter.options import explicitly_set
+    from nan_hunter.project.options import explicitly_set
 
     changes = {
         k: v for k, v in precision.options(fp32).items()
@@ -267,7 +267,7 @@ def rerun_call(
     ``fix_device`` was set. With ``step_rng`` the re-run starts from the random number
     generators' state of the call (the same dropout masks), the script's put back after it."""
     from nan_hunter.api import scan
-    from nan_hunter.options import explicitly_set
+    from nan_hunter.project.options import explicitly_set
 
     settings = dataclasses.replace(settings, grad_scale=scale)
     settings = precision_settings(settings, call.precision, precision_given)

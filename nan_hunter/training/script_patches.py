@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from nan_hunter.shared_patch import SharedPatch
+from nan_hunter.core.shared_patch import SharedPatch
 
 
 class Reported(Protocol):

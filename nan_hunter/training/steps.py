@@ -9,15 +9,15 @@ import math
 
 import torch
 
-from nan_hunter.batch import Batch, LossFn
-from nan_hunter.config import Settings
+from nan_hunter.core.batch import Batch, LossFn
+from nan_hunter.core.progress import announce
+from nan_hunter.engine.traced_forward import default_loss
 from nan_hunter.errors import NOT_THE_MODELS, ConfigError, UserCodeError, first_line
 from nan_hunter.findings import Report
-from nan_hunter.loader import Target
-from nan_hunter.options import explicitly_set
 from nan_hunter.precision.formats import format_for
-from nan_hunter.progress import announce
-from nan_hunter.traced_forward import default_loss
+from nan_hunter.project.config import Settings
+from nan_hunter.project.loader import Target
+from nan_hunter.project.options import explicitly_set
 from nan_hunter.training.checks import ScaleWatch, bad_grad_names, grads_finite_flag
 from nan_hunter.training.events import StepsResult
 from nan_hunter.training.step_verdict import step_verdict
@@ -144,7 +144,7 @@ def _scan_state(
 ) -> Report:
     """Scan a fresh copy of ``target.model`` holding ``state``; with a GradScaler, at the loss
     scale the step ran with (as the watcher does)."""
-    from nan_hunter.engine import scan_target
+    from nan_hunter.engine.scan import scan_target
 
     fresh = copy.deepcopy(target.model)
     fresh.load_state_dict(state)

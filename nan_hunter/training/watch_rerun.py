@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from nan_hunter.batch import Batch, LossFn
-from nan_hunter.config import Settings
+from nan_hunter.core.batch import Batch, LossFn
 from nan_hunter.errors import NanHunterError, first_line
 from nan_hunter.findings import Report
-from nan_hunter.options import explicitly_set
+from nan_hunter.project.config import Settings
+from nan_hunter.project.options import explicitly_set
 from nan_hunter.training.checks import finite_flag, params_finite
 from nan_hunter.training.model_copy import full_state, replay_copy, sharded
 from nan_hunter.training.rerun import (

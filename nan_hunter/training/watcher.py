@@ -40,11 +40,11 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from nan_hunter.batch import LossFn
-from nan_hunter.config import Settings
+from nan_hunter.core.batch import LossFn
+from nan_hunter.core.safe_write import write_file
 from nan_hunter.errors import ConfigError, first_line
-from nan_hunter.options import settings_with
-from nan_hunter.safe_write import write_file
+from nan_hunter.project.config import Settings
+from nan_hunter.project.options import settings_with
 from nan_hunter.training.checks import (
     ScaleWatch,
     bad_grad_names,

@@ -1025,7 +1025,7 @@ def fp32_matmul_share(path: Path, mode: str) -> float | None:
     """The share of the forward's matmul/conv FLOPs that ran in FP32 in a plain scan of
     ``path`` (``Report.precision``); None when the scan has none."""
     from nan_hunter.api import scan_file
-    from nan_hunter.config import load_settings
+    from nan_hunter.project.config import load_settings
 
     report = scan_file(str(path), load_settings(overrides={"mode": mode}), verify=False)
     work = report.precision

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from nan_hunter import safe_write
+from nan_hunter.core import safe_write
 from tests.conftest import EXAMPLES
 
 Setup = Callable[[Path, pytest.MonkeyPatch], None]

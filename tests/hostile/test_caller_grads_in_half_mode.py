@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import nan_hunter
+from nan_hunter.engine.model_state import ModelState
 from nan_hunter.errors import UserCodeError
-from nan_hunter.model_state import ModelState
 
 
 class Ema(nn.Module):

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from nan_hunter.isolation import IN_PROCESS_ENV
+from nan_hunter.process.isolation import IN_PROCESS_ENV
 from tests.hostile.cases import CASES, Case
 from tests.hostile.conftest import snapshot
 

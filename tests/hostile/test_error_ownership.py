@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch import nn
 
-import nan_hunter.model_state as model_state
+import nan_hunter.engine.model_state as model_state
 import nan_hunter.precision.device_alias as device_alias
 import nan_hunter.precision.emulation as emulation
 import nan_hunter.precision.gradients as gradients
@@ -414,8 +414,8 @@ def test_an_internal_error_reads_as_the_original_on_the_command_line() -> None:
     """The command line's line and ``--debug`` traceback name the original exception."""
     import traceback
 
-    from nan_hunter._worker import _summary
-    from nan_hunter.command_output import internal_error
+    from nan_hunter.cli.output import internal_error
+    from nan_hunter.process.worker import _summary
 
     with pytest.raises(InternalError) as raised:
         try:

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 import nan_hunter
-import nan_hunter.pass_state as pass_state
-import nan_hunter.runner as runner_module
-from nan_hunter.batch import Batch
+import nan_hunter.engine.pass_state as pass_state
+import nan_hunter.engine.runner as runner_module
+from nan_hunter.core.batch import Batch
+from nan_hunter.engine.runner import PassRunner
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.emulation import LowPrecisionEmulation
 from nan_hunter.precision.formats import FP16
-from nan_hunter.runner import PassRunner
 from nan_hunter.trace.stats import EXACT_UP_TO
 
 pytestmark = pytest.mark.slow  # times whole scan processes

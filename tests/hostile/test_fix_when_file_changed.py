@@ -74,7 +74,7 @@ def test_edits_check_the_text_they_were_planned_on(tmp_path: Path) -> None:
 
 def _edited_after_the_scan(work: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """matrix_inverse.py, saved by the user just after its scan process returned."""
-    from nan_hunter import isolation
+    from nan_hunter.process import isolation
 
     path = work / "model.py"
     path.write_bytes((EXAMPLES / "matrix_inverse.py").read_bytes())

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nan_hunter import safe_write
 from nan_hunter.cli import app
+from nan_hunter.core import safe_write
 from tests.hostile.sources import GRAM_LAYERS
 
 LAYERS = GRAM_LAYERS

@@ -14,7 +14,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from nan_hunter.targets import defines, expand_paths
+from nan_hunter.project.targets import defines, expand_paths
 from tests.conftest import EXAMPLES
 
 TEST_MODULE = """\

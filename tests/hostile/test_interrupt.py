@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nan_hunter.isolation import IN_PROCESS_ENV
+from nan_hunter.process.isolation import IN_PROCESS_ENV
 from tests.conftest import CLI_FROM_A_TERMINAL
 from tests.hostile.cases import gone, model
 

@@ -124,6 +124,6 @@ def test_quoted_diff_headers_apply_with_git_and_patch(
 
 
 def test_a_plain_file_name_is_not_quoted() -> None:
-    from nan_hunter.untrusted import diff_path
+    from nan_hunter.core.untrusted import diff_path
 
     assert diff_path("a/models/été.py") == "a/models/été.py"

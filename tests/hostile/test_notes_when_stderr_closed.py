@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from nan_hunter.isolation import IN_PROCESS_ENV
-from nan_hunter.scan_job import _say
+from nan_hunter.process.isolation import IN_PROCESS_ENV
+from nan_hunter.process.scan_process import _say
 from tests.hostile.cases import MATRIX
 
 BREAKS_STDERR = {

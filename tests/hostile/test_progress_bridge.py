@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nan_hunter.config import load_settings
-from nan_hunter.isolation import IN_PROCESS_ENV, run_isolated
-from nan_hunter.scan_job import ScanJob, scan_job
+from nan_hunter.process.isolation import IN_PROCESS_ENV, run_isolated
+from nan_hunter.process.scan_process import ScanJob, scan_job
+from nan_hunter.project.config import load_settings
 from tests.hostile.cases import model
 
 
@@ -46,7 +46,7 @@ def test_the_scan_process_imports_no_command_line_libraries(
     work: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """typer (with pydantic), rich and markdown-it cost the scan process time on every scan and
-    do nothing there: the job runs from ``nan_hunter.scan_job``, which imports none of them."""
+    do nothing there: the job runs from ``nan_hunter.process.scan_process``, which imports none of them."""
     monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
     build = (
         "import sys\n"

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import nan_hunter
-from nan_hunter import resources
+from nan_hunter.project import resources
 
 _SCAN = """
 import torch
 from torch import nn
 import nan_hunter
-from nan_hunter.config import known_codes
+from nan_hunter.project.config import known_codes
 from nan_hunter.errors import InternalError, UserCodeError
 from nan_hunter.trace import deferred
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nan_hunter import loader
 from nan_hunter.cli import app
-from nan_hunter.loader import import_user_module
+from nan_hunter.project import loader
+from nan_hunter.project.loader import import_user_module
 
 pytestmark = pytest.mark.slow  # DataLoader workers started by spawn
 
@@ -62,7 +62,7 @@ def test_the_module_name_is_the_files_own_unless_taken(
     path.write_text("VALUE = 1\n")
     # the caller's process (the Python API): an internal name, its own "import x" stays its own
     assert import_user_module(str(path)).__name__.startswith("_nan_hunter_user_api_name")
-    monkeypatch.setattr(loader, "_OWN_NAMES", True)  # the scan process (nan_hunter._worker)
+    monkeypatch.setattr(loader, "_OWN_NAMES", True)  # the scan process (nan_hunter.process.worker)
     for stem in ("free_name", "json", "my-model", "yaml", "test", "_tracemalloc"):
         path = tmp_path / f"{stem}.py"
         path.write_text("VALUE = 1\n")

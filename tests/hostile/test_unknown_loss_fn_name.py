@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from nan_hunter.cli import app
 from nan_hunter.errors import LoadError
-from nan_hunter.loader import Names, load_target
+from nan_hunter.project.loader import Names, load_target
 
 MODEL = """\
 import torch

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nan_hunter import runner
 from nan_hunter.api import scan
+from nan_hunter.engine import runner
 from nan_hunter.errors import UserCodeError
 from nan_hunter.findings import Report
 

@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from nan_hunter.loader import load_target
+from nan_hunter.project.loader import load_target
 from tests.conftest import EXAMPLES
 
 
