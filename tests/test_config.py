@@ -1,4 +1,5 @@
-"""Tests for ``nan_hunter.project.config``: defaults, config files, command-line overrides, validation."""
+"""Tests for ``nan_hunter.project.config``: defaults, config files, command-line overrides,
+validation."""
 
 from __future__ import annotations
 

@@ -1,10 +1,14 @@
-"""The package's layers point down only, and no module imports itself back (docs/architecture.md).
+"""The package's folders import only what the table allows, and no module imports itself back.
 
-Every ``import`` statement counts, at module level and inside functions alike (a lazy import
-is still a dependency, and usually one that hides a cycle); only imports under
+The table (``FOLDERS``, the same as in docs/architecture.md) names each folder, what it holds and
+the folders it may import; ``EXCEPTIONS`` names the few modules allowed one more folder, with
+the reason. Every ``import`` statement counts, at module level and inside functions alike (a
+lazy import is still a dependency, and usually one that hides a cycle); only imports under
 ``if TYPE_CHECKING:`` are left out, since they never run. Imports by name at run time
 (``importlib.import_module``) are not edges of the graph; the ones the package has are listed in
 ``IMPORTS_BY_NAME`` with their reason, and a new one fails ``test_imports_by_name_are_known``.
+
+Names in the tables are relative to the package (``engine`` is ``nan_hunter.engine``).
 """
 
 from __future__ import annotations
@@ -16,43 +20,52 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nan_hunter"
 
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # bottom first; a module may import its own layer (without a cycle) and the layers below
-    ("base", (
-        "nan_hunter.version", "nan_hunter.errors", "nan_hunter.project.resources", "nan_hunter.core.nest",
-        "nan_hunter.process.activity", "nan_hunter.core.progress", "nan_hunter.cli.terminal",
-        "nan_hunter.core.location", "nan_hunter.project.paths", "nan_hunter.core.batch",
-        "nan_hunter.project.config", "nan_hunter.project.options", "nan_hunter.project.discovery",
-        "nan_hunter.project.targets", "nan_hunter.core.safe_write", "nan_hunter.project.choices",
-        "nan_hunter.core.untrusted", "nan_hunter.core.shared_patch", "nan_hunter.process.descendants",
-        "nan_hunter.core.spikes",
+FOLDERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    # (folder, the modules it holds, the folders it may import), bottom first; a module may
+    # always import its own folder (without a cycle)
+    ("errors", ("errors", "version"), ()),
+    ("core", ("core",), ("errors",)),
+    ("project", ("project",), ("errors", "core")),
+    ("precision/trace", ("precision", "trace"), ("errors", "core", "project")),
+    ("findings", ("findings",), ("errors", "core", "precision/trace")),
+    ("engine", ("engine",), ("errors", "core", "project", "precision/trace", "findings")),
+    ("rules", ("rules",), ("errors", "core", "project", "precision/trace", "findings", "engine")),
+    ("fixes", ("fixes",), (
+        "errors", "core", "project", "precision/trace", "findings", "engine", "rules",
     )),
-    ("precision/trace", ("nan_hunter.precision", "nan_hunter.trace")),
-    ("load/run", (
-        "nan_hunter.project.loader", "nan_hunter.engine.model_state", "nan_hunter.engine.blame",
-        "nan_hunter.engine.pass_state", "nan_hunter.engine.pass_retry", "nan_hunter.engine.traced_forward",
-        "nan_hunter.engine.runner",
+    ("report", ("report",), (
+        "errors", "core", "project", "precision/trace", "findings", "fixes",
     )),
-    ("results", ("nan_hunter.core.range_map", "nan_hunter.findings", "nan_hunter.project.suppressions")),
-    ("analysis", (
-        "nan_hunter.engine.candidate", "nan_hunter.engine.analysis", "nan_hunter.engine.range_map",
-        "nan_hunter.engine.precision_loss",
+    ("api", ("api",), ("errors", "core", "project", "findings", "engine", "fixes", "report")),
+    ("training", ("training",), (
+        "errors", "core", "project", "precision/trace", "findings", "engine", "fixes", "report",
+        "api",
     )),
-    ("rules", ("nan_hunter.rules",)),
-    ("fixes", ("nan_hunter.fixes",)),
-    ("report", ("nan_hunter.report",)),
-    ("engine", ("nan_hunter.engine.scan", "nan_hunter.process.worker", "nan_hunter.process.isolation")),
-    ("api", (
-        "nan_hunter.api", "nan_hunter.training", "nan_hunter.watch",
-        "nan_hunter.integrations", "nan_hunter.pytest_plugin",
+    ("integrations", ("integrations",), (
+        "errors", "core", "findings", "engine", "report", "api", "training",
     )),
-    ("command line", (
-        "nan_hunter.cli.options", "nan_hunter.cli.output", "nan_hunter.cli.scan_output",
-        "nan_hunter.cli.scan_command",
-        "nan_hunter.process.scan_process", "nan_hunter.process.script_process", "nan_hunter.cli.run_command",
+    ("process", ("process",), (
+        "errors", "core", "project", "findings", "fixes", "report", "api", "training",
     )),
-    ("cli", ("nan_hunter.cli", "nan_hunter.__main__", "nan_hunter")),
+    ("facade", ("", "watch", "pytest_plugin"), ("errors", "report", "api", "training")),
+    ("cli", ("cli", "__main__"), (
+        "errors", "core", "project", "findings", "fixes", "report", "process",
+    )),
 )
+
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    # (module, folder it may import as well): why
+    ("engine.scan", "rules"): "the scan runs the rules on the evidence its passes gathered",
+    ("engine.scan", "fixes"): "the scan builds each finding's fix",
+    ("project.loader", "precision/trace"): (
+        "the user's file is imported under the device alias, and the trace's call-site filter "
+        "learns its folder"
+    ),
+    ("project.loader", "process"): (
+        "process.activity notes which user code runs, for the scan process's crash message"
+    ),
+    ("project.suppressions", "findings"): "suppressions filter a Report's findings",
+}
 
 IMPORTS_BY_NAME = {
     # the rule registry imports every rules/nh*.py module of its own package (discovery)
@@ -121,17 +134,38 @@ def imports_of(module: str) -> set[str]:
 GRAPH = {module: imports_of(module) for module in MODULES}
 
 
-def layer_of(module: str) -> int:
+def _relative(module: str) -> str:
+    return module.removeprefix("nan_hunter").removeprefix(".")
+
+
+def folder_of(module: str) -> str:
+    """The row of ``FOLDERS`` that holds ``module`` (a full name: ``nan_hunter.engine.scan``)."""
+    name = _relative(module)
     best = None
-    for index, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
+    for folder, holds, _ in FOLDERS:
+        for prefix in holds:
             # the package itself (the facade in __init__) is its own entry, not a prefix
-            inside = module.startswith(prefix + ".") and prefix != "nan_hunter"
-            if (module == prefix or inside) and (best is None or len(prefix) > best[1]):
-                best = (index, len(prefix))
+            inside = bool(prefix) and name.startswith(prefix + ".")
+            if (name == prefix or inside) and (best is None or len(prefix) > best[1]):
+                best = (folder, len(prefix))
     if best is None:
-        raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+        raise AssertionError(f"{module} is in no folder: add it to FOLDERS in {__file__}")
     return best[0]
+
+
+ALLOWED = {folder: set(may) for folder, _, may in FOLDERS}
+
+
+def allowed(module: str, target: str) -> bool:
+    """Whether ``module`` may import ``target`` (both full names)."""
+    mine, theirs = folder_of(module), folder_of(target)
+    if theirs == mine or theirs in ALLOWED[mine]:
+        return True
+    name = _relative(module)
+    return any(
+        theirs == folder and (name == owner or name.startswith(owner + "."))
+        for owner, folder in EXCEPTIONS
+    )
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -157,9 +191,20 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_every_module_has_a_layer() -> None:
+def test_every_module_has_a_folder() -> None:
     for module in MODULES:
-        layer_of(module)
+        folder_of(module)
+
+
+def test_the_table_names_known_folders_and_points_down() -> None:
+    # each folder may import only folders listed above it in FOLDERS: the table has no cycle
+    seen: set[str] = set()
+    for folder, _, may in FOLDERS:
+        assert set(may) <= seen, f"{folder} may import {sorted(set(may) - seen)}, not below it"
+        seen.add(folder)
+    for (module, folder), reason in EXCEPTIONS.items():
+        assert folder in seen and reason
+        assert f"nan_hunter.{module}" in MODULES, f"{module} in EXCEPTIONS no longer exists"
 
 
 def test_no_import_cycles() -> None:
@@ -167,25 +212,39 @@ def test_no_import_cycles() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
 
 
-def test_layers_import_only_downwards() -> None:
-    upward = [
-        f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
-        f"({LAYERS[layer_of(target)][0]})"
+def test_folders_import_only_what_the_table_allows() -> None:
+    forbidden = [
+        f"{module} ({folder_of(module)}) imports {target} ({folder_of(target)})"
         for module, targets in sorted(GRAPH.items())
         for target in sorted(targets)
-        if layer_of(target) > layer_of(module)
+        if not allowed(module, target)
     ]
-    assert upward == []
+    assert forbidden == []
 
 
-def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
+def test_the_root_holds_only_the_entry_points_and_the_public_types() -> None:
+    root = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 8, root
+    assert root == sorted([
+        "__init__", "__main__", "api", "errors", "findings", "pytest_plugin", "version", "watch",
+    ])
+
+
+def test_the_checks_catch_a_cycle_and_a_forbidden_import() -> None:
     # the walker sees lazy imports inside functions, and the cycle finder closes the loop
-    assert "nan_hunter.report.text" in GRAPH["nan_hunter.cli"]  # inside the rules command
+    assert "nan_hunter.report.text" in GRAPH["nan_hunter.cli.commands"]  # inside `rules`
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    assert layer_of("nan_hunter.report.text") > layer_of("nan_hunter.findings")
-    with pytest.raises(AssertionError, match="in no layer"):
-        layer_of("elsewhere")
+    assert allowed("nan_hunter.report.text", "nan_hunter.findings")
+    assert not allowed("nan_hunter.core.batch", "nan_hunter.engine.runner")
+    assert not allowed("nan_hunter.report.text", "nan_hunter.engine.runner")
+    assert not allowed("nan_hunter.engine.runner", "nan_hunter.rules.registry")
+    assert allowed("nan_hunter.engine.scan", "nan_hunter.rules.registry")  # an exception
+    assert not allowed("nan_hunter.project.config", "nan_hunter.trace.tracer")
+    assert folder_of("nan_hunter") == "facade"
+    assert folder_of("nan_hunter.core.range_map") == "core"
+    with pytest.raises(AssertionError, match="in no folder"):
+        folder_of("elsewhere")
 
 
 def test_imports_by_name_are_known() -> None:

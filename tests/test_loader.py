@@ -1,4 +1,5 @@
-"""Tests for ``nan_hunter.project.loader``: discovery of the model, batch and loss, and its errors."""
+"""Tests for ``nan_hunter.project.loader``: discovery of the model, batch and loss, and its
+errors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What ``nan-hunter scan`` does below its typer declarations: settings from the flags, one
-scan process per model file (``nan_hunter.process.isolation``), then the report, the patch or the diff,
-and the exit code: 0 clean, 1 findings at or above ``--fail-on``, 2 usage, load or internal
+scan process per model file (``nan_hunter.process.isolation``), then the report, the patch or the
+diff, and the exit code: 0 clean, 1 findings at or above ``--fail-on``, 2 usage, load or internal
 errors (one line on stderr, no traceback unless ``NAN_HUNTER_DEBUG=1``)."""
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ flag name -> setting key."""
 JOB_FLAGS = frozenset(
     f.name for f in dataclasses.fields(ScanJob) if f.name not in ("path", "settings")
 )
-"""Flags that say what each model file's scan process runs (``nan_hunter.process.scan_process.ScanJob``)."""
+"""Flags that say what each model file's scan process runs
+(``nan_hunter.process.scan_process.ScanJob``)."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,8 @@ def _prepare(command: ScanCommand) -> tuple[Settings, list[str], dict[str, str]]
 def _scan_files(
     command: ScanCommand, settings: Settings, files: list[str], inputs: dict[str, str]
 ) -> tuple[list[Report], list[Failed]]:
-    """Each model file's report from its own scan process (``nan_hunter.process.isolation``); with one
-    file, its failure ends the command; with several, it is listed and the others go on."""
+    """Each model file's report from its own scan process (``nan_hunter.process.isolation``); with
+    one file, its failure ends the command; with several, it is listed and the others go on."""
     from nan_hunter.cli.terminal import progress_display
     from nan_hunter.findings import Failed
     from nan_hunter.process.isolation import run_isolated

@@ -4,10 +4,10 @@
     fc1          2.578             2.5e+04x   0%             4216               15.5x
 
 Pure data, free of torch (the command line's own process renders it); built from the
-statistics the trace already took (``nan_hunter.engine.range_map``). Headroom is the format's largest
-value over the largest finite |x| (65504 / max for FP16): 8 means the values may grow 8x before
-they overflow. The bottom is measured as the share of nonzero values below the format's smallest
-normal (6.1e-5 for FP16), the values that lose precision or flush to 0.
+statistics the trace already took (``nan_hunter.engine.range_map``). Headroom is the format's
+largest value over the largest finite |x| (65504 / max for FP16): 8 means the values may grow 8x
+before they overflow. The bottom is measured as the share of nonzero values below the format's
+smallest normal (6.1e-5 for FP16), the values that lose precision or flush to 0.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ patches. Without a GPU those are silently disabled. ``DeviceAlias`` maps the dev
 ``torch.get_autocast_dtype`` and the input cast of ``custom_fwd`` (and, in ``__enter__`` and
 ``__exit__``, for autocast objects made before, such as a decorator built at import), for the
 duration of a ``with`` block, and puts the originals back on exit: when the last alias open in
-the process exits (``nan_hunter.core.shared_patch``), so that two scans in two threads leave torch as
-they found it.
+the process exits (``nan_hunter.core.shared_patch``), so that two scans in two threads leave torch
+as they found it.
 While any alias is open the mapping holds for the whole process, as any patch of torch does.
 """
 

@@ -1,8 +1,8 @@
 """Which of the user's code nan-hunter is calling right now (importing the file, ``build_model()``,
-``sample_batch()``), for the scan process (``nan_hunter.process.isolation``): when the user's code ends the
-process (``os._exit``, a segfault, an out-of-memory kill, a hang) the CLI can say what was running.
-Without a listener ``note`` does nothing. (``nan_hunter.core.progress`` announces the scan's own passes
-to the progress display; the scan process listens to both.)
+``sample_batch()``), for the scan process (``nan_hunter.process.isolation``): when the user's code
+ends the process (``os._exit``, a segfault, an out-of-memory kill, a hang) the CLI can say what was
+running. Without a listener ``note`` does nothing. (``nan_hunter.core.progress`` announces the
+scan's own passes to the progress display; the scan process listens to both.)
 """
 
 from __future__ import annotations

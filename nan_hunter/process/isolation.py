@@ -1,11 +1,11 @@
 """The CLI runs the user's model in a separate process, so that the model cannot end, hang or
 corrupt the run of the tool itself.
 
-``run_isolated(func, arg)`` starts ``python`` on ``nan_hunter.process.worker``, hands it ``func`` and
-``arg`` (pickled: ``func`` must be a module-level function) and returns ``func(arg)`` from there,
-with the files the process imported. What the model prints (stdout and stderr) is captured: it is
-forwarded to our stderr when the scan succeeds, and shown after the error line when it fails, so
-it never mixes into a report on stdout. ``sys.exit``/``os._exit`` in the model's code, a crash
+``run_isolated(func, arg)`` starts ``python`` on ``nan_hunter.process.worker``, hands it ``func``
+and ``arg`` (pickled: ``func`` must be a module-level function) and returns ``func(arg)`` from
+there, with the files the process imported. What the model prints (stdout and stderr) is captured:
+it is forwarded to our stderr when the scan succeeds, and shown after the error line when it fails,
+so it never mixes into a report on stdout. ``sys.exit``/``os._exit`` in the model's code, a crash
 (segfault, abort), an out-of-memory kill or a run longer than ``timeout`` seconds become one
 ``IsolationError`` naming what was running (a stage such as ``calling build_model()``, or the
 module whose forward had been entered).

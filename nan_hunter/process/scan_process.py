@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ScanJob:
-    """What one model file's scan runs in its scan process (see ``nan_hunter.process.isolation``); the
-    fields after ``settings`` are ``scan``'s flags of the same names."""
+    """What one model file's scan runs in its scan process (see ``nan_hunter.process.isolation``);
+    the fields after ``settings`` are ``scan``'s flags of the same names."""
 
     path: str
     settings: Settings

@@ -1,5 +1,5 @@
-"""Settings: ``configs/default.yaml``, then the project's file (``nan_hunter.project.discovery``), then
-``--config FILE``, then command-line flags.
+"""Settings: ``configs/default.yaml``, then the project's file (``nan_hunter.project.discovery``),
+then ``--config FILE``, then command-line flags.
 
 YAML is read with ``safe_load``; an unknown key or a value of the wrong type or choice is a
 ``ConfigError`` naming the key and the file.
@@ -31,8 +31,8 @@ TABLE = "nan-hunter"
 
 @dataclass(frozen=True)
 class ProjectConfig:
-    """Settings found in a project file (``nan_hunter.project.discovery`` finds it): the file and its
-    raw key/value pairs."""
+    """Settings found in a project file (``nan_hunter.project.discovery`` finds it): the file and
+    its raw key/value pairs."""
 
     path: Path
     values: Mapping[str, Any]

@@ -46,7 +46,8 @@ def test_the_scan_process_imports_no_command_line_libraries(
     work: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """typer (with pydantic), rich and markdown-it cost the scan process time on every scan and
-    do nothing there: the job runs from ``nan_hunter.process.scan_process``, which imports none of them."""
+    do nothing there: the job runs from ``nan_hunter.process.scan_process``, which imports none of
+    them."""
     monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
     build = (
         "import sys\n"
