@@ -8,7 +8,7 @@ lazy import is still a dependency, and usually one that hides a cycle); only imp
 (``importlib.import_module``) are not edges of the graph; the ones the package has are listed in
 ``IMPORTS_BY_NAME`` with their reason, and a new one fails ``test_imports_by_name_are_known``.
 
-Names in the tables are relative to the package (``engine`` is ``nan_hunter.engine``).
+Names in the tables are relative to the package: ``engine`` is the folder ``nan_hunter/engine/``.
 """
 
 from __future__ import annotations

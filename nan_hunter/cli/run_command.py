@@ -1,6 +1,6 @@
 """What ``nan-hunter run`` does below its typer declaration, in the command line's own
 (torch-free) process: check the arguments, build the settings of the re-run, start the script's
-process (``run_job``) and exit with its exit code.
+process (``process/script_process.py``) and exit with its exit code.
 
 The script's process shares our terminal: its stdin, stdout and stderr are ours, and Ctrl-C
 reaches it directly (we ignore SIGINT while it runs, and die of the signal that ended it). The
