@@ -14,6 +14,7 @@ Names in the tables are relative to the package: ``engine`` is the folder ``nan_
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,17 @@ def test_the_table_names_known_folders_and_points_down() -> None:
     for (module, folder), reason in EXCEPTIONS.items():
         assert folder in seen and reason
         assert f"nan_hunter.{module}" in MODULES, f"{module} in EXCEPTIONS no longer exists"
+
+
+def test_docs_hold_the_same_table() -> None:
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| ([\w/]+) \| ((?:`[\w/]+`(?:, )?)+) \|([^|\n]*)\|$", text, re.M)
+    documented = tuple(
+        (folder, tuple(re.findall(r"`([\w/]+)`", holds)), tuple(re.findall(r"[\w/]+", may)))
+        for folder, holds, may in rows
+    )
+    written = tuple((f, tuple(h or "__init__" for h in holds), m) for f, holds, m in FOLDERS)
+    assert documented == written
 
 
 def test_no_import_cycles() -> None:
