@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import nan_hunter
@@ -65,6 +66,29 @@ def test_every_config_file_is_package_data() -> None:
             continue
         package = folders[path.parent.relative_to(ROOT).as_posix()]
         assert any(fnmatch.fnmatch(path.name, g) for g in globs[package]), f"{path} not shipped"
+
+
+def test_setup_ships_every_folder_of_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each folder of nan_hunter/ with modules is a package (it has an __init__.py) that
+    setup.py's ``packages`` names: the wheel holds cli/, core/, engine/, process/, project/..."""
+    import setuptools
+
+    declared: dict[str, object] = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: declared.update(kwargs))
+    monkeypatch.chdir(ROOT)
+    exec((ROOT / "setup.py").read_text(encoding="utf-8"), {"__name__": "__main__"})
+    packages = declared["packages"]
+    assert isinstance(packages, list)
+    folders = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "nan_hunter").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    for folder in sorted(folders):
+        assert (ROOT / folder.replace(".", "/") / "__init__.py").is_file(), folder
+        assert folder in packages, f"{folder} is not in setup.py's packages"
+    assert {"nan_hunter.cli", "nan_hunter.core", "nan_hunter.engine", "nan_hunter.process",
+            "nan_hunter.project"} <= set(packages)
 
 
 def test_check_dist_requires_the_data_files() -> None:
