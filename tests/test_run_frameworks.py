@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT, marker_line
 
 SCRIPTS = ROOT / "tests" / "run_scripts"
-NH = [sys.executable, "-m", "nan_hunter", "run", "--no-verify"]
+NH = [sys.executable, "-m", "nan_hunter", "run", "--no-verify", "--no-save-repro"]
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_hf_trainer_script(tmp_path: Path) -> None:
     assert "trained" not in done.stdout
     assert ours(done.stderr) == [
         "nan-hunter: training step 4: the loss is inf; NH301 Tensor.pow in Regressor at "
-        f"{culprit('hf_trainer_train.py')} (report on stderr)",
+        f"{culprit('hf_trainer_train.py')}; real bug (report on stderr)",
         "nan-hunter: 3 optimizer steps checked, 1 problem step (the first at step 4); the script "
         "was stopped (--on-problem stop)",
     ]
@@ -51,7 +51,8 @@ def test_lightning_script_optimizer_with_a_closure(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     assert ours(done.stderr)[0] == (
         "nan-hunter: training step 7: the loss is nan; NH102 Tensor.__matmul__ in "
-        f"LitPairs.pairs at {culprit('lightning_train.py')} (report on stderr)"
+        f"LitPairs.pairs at {culprit('lightning_train.py')}; precision problem (report on "
+        "stderr)"
     )
 
 
@@ -61,21 +62,21 @@ def test_accelerate_script() -> None:
     assert done.returncode == 1, done.stderr
     assert ours(done.stderr)[0] == (
         "nan-hunter: training step 7: the loss is nan; NH102 Tensor.__matmul__ in PairScorer at "
-        f"{culprit('accelerate_train.py')} (report on stderr)"
+        f"{culprit('accelerate_train.py')}; precision problem (report on stderr)"
     )
 
 
 def test_torchrun_ddp_two_gloo_ranks_stop_at_the_same_step() -> None:
     done = run([
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", "29531", "-m", "nan_hunter", "run", "--no-verify",
+        "--master_port", "29531", "-m", "nan_hunter", "run", "--no-verify", "--no-save-repro",
         "tests/run_scripts/ddp_train.py",
     ])
     assert done.returncode == 1
     lines = ours(done.stderr)
     assert (
         "nan-hunter: rank 1: training step 4: the loss is inf; NH102 Tensor.__matmul__ in "
-        f"PairScorer at {culprit('ddp_train.py')} (report on stderr)"
+        f"PairScorer at {culprit('ddp_train.py')}; precision problem (report on stderr)"
     ) in lines
     # DDP's all-reduce made rank 0's gradients NaN too; the ranks agree that rank 1, whose own
     # loss broke, re-runs its step
@@ -92,7 +93,7 @@ def test_torchrun_ranks_agree_so_a_problem_on_one_rank_stops_all() -> None:
     peer", with NCCL it would hang). The ranks now agree at each step: both stop at step 3."""
     done = run([
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", "29533", "-m", "nan_hunter", "run", "--no-verify",
+        "--master_port", "29533", "-m", "nan_hunter", "run", "--no-verify", "--no-save-repro",
         "tests/run_scripts/ranks_train.py",
     ])
     assert done.returncode == 1
@@ -104,8 +105,8 @@ def test_torchrun_ranks_agree_so_a_problem_on_one_rank_stops_all() -> None:
         "another rank re-runs its step",
         "nan-hunter: rank 1: 2 optimizer steps checked, 1 problem step (the first at step 3); "
         "the script was stopped (--on-problem stop)",
-        "nan-hunter: rank 1: training step 3: the loss is nan; NH001 input in Sequential "
-        "(report on stderr)",
+        "nan-hunter: rank 1: training step 3: the loss is nan; NH001 input in Sequential; real "
+        "bug (report on stderr)",
     ]
 
 
@@ -115,14 +116,15 @@ def test_torchrun_fsdp2_two_ranks_stop_together_and_rank_1_re_runs_a_gathered_co
     report = tmp_path / "report.json"
     done = run([
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", "29535", "-m", "nan_hunter", "run", "--no-verify", "--format", "json",
+        "--master_port", "29535", "-m", "nan_hunter", "run", "--no-verify", "--no-save-repro",
+        "--format", "json",
         "-o", str(report), "tests/run_scripts/fsdp_train.py",
     ])
     assert done.returncode == 1
     lines = ours(done.stderr)
     assert (
         "nan-hunter: rank 1: training step 3: the loss is nan; NH301 torch.log in Sequential.0 "
-        f"at {culprit('fsdp_train.py')} (report {report})"
+        f"at {culprit('fsdp_train.py')}; real bug (report {report})"
     ) in lines
     assert (
         "nan-hunter: rank 0: training step 3: non-finite gradient (4 of the optimizer's "

@@ -457,16 +457,30 @@ class ScriptWatch:
         losses, self._losses = self._losses, []  # this optimizer step's: checked below or before
         if not step.skipped or not losses:
             return
-        # skipped: the optimizer pre-hook did not run, so its losses are checked here (one host
-        # sync, on a skipped step only); another optimizer's step (a GAN's) does not see them
-        bad = next((x for x in losses if not bool(torch.isfinite(x.detach()).all())), None)
-        if bad is None:
+        # skipped: the optimizer pre-hook did not run, so its losses (and the spike rule's
+        # value) are read here, in one host sync on a skipped step only; another optimizer's
+        # step (a GAN's) does not see them
+        self._losses = losses
+        try:
+            flags = [f.float() for f in self._loss_flags()]
+            loss_value = self._spike_value(scaler)
+            read = torch.stack(
+                [*flags, *([loss_value.to(flags[0].device)] if loss_value is not None else [])]
+            ).tolist()
+            loss_read = read.pop() if loss_value is not None else None
+            bad = None if all(read) else self._first_bad_loss()
+        finally:
+            self._losses = []
+        if bad is not None:
+            problem = step_verdict(
+                loss=bad, loss_ok=False, grads_ok=True, scaled=True, scale_problem=None,
+                bad_grads=lambda: "",
+            )
+        else:
+            problem = (self._spike(loss_read, step.number) if loss_read is not None
+                       else None)
+        if problem is None:
             return
-        problem = step_verdict(
-            loss=bad, loss_ok=False, grads_ok=True, scaled=True, scale_problem=None,
-            bad_grads=lambda: "",
-        )
-        assert problem is not None
         scale = float(scaler.get_scale())  # the one this step ran with (before update())
         if self._current_ranks() is not None:  # the ranks agree in scaler.update()
             if self._pending is None:
@@ -568,11 +582,11 @@ class ScriptWatch:
             total = total / scale.to(device, torch.float32)
         return total
 
-    def _spike(self, loss: float) -> Problem | None:
-        """The spike rule on the step's loss: a warning, or a problem step with
-        ``spikes_are_problems``."""
+    def _spike(self, loss: float, step: int | None = None) -> Problem | None:
+        """The spike rule on the step's loss (``step``: its number, when it is not the next
+        one): a warning, or a problem step with ``spikes_are_problems``."""
         assert self.spikes is not None
-        spike = self.spikes.observe(self.steps + 1, loss)
+        spike = self.spikes.observe(self.steps + 1 if step is None else step, loss)
         if spike is None:
             return None
         if self.spikes_are_problems:
