@@ -93,10 +93,16 @@ def constant_origins(events: tuple[OpEvent, ...]) -> list[OpEvent]:
     return [e for e in suspects if escapes(events, consumers, e.index)]
 
 
-def escapes(events: tuple[OpEvent, ...], consumers: dict[int, list[int]], origin: int) -> bool:
-    """True when a non-finite floating value that ``origin``'s output reaches leaves the traced
-    code or is the model's output a traced loss takes in: no op on the way turned it finite or
-    into integers."""
+def reached(
+    events: tuple[OpEvent, ...], consumers: dict[int, list[int]], origin: int
+) -> Iterator[tuple[int, str]]:
+    """The ops ``origin``'s non-finite values reach, each once, depth first, with what happens
+    to them there: ``integers`` (no floating result: they became integers or booleans),
+    ``finite`` (its floating results are finite: absorbed here, a softmax over a ``-inf``
+    mask), ``leaves`` (non-finite, and no traced op takes it: it leaves the traced code),
+    ``into_loss`` (non-finite, the model's output a traced loss takes in) or ``on`` (non-finite,
+    carried on). The walk goes on past ``into_loss`` and ``on``. One walk for ``escapes``,
+    ``contained`` and ``absorbers``."""
     stack = [origin]
     seen: set[int] = set()
     while stack:
@@ -105,13 +111,27 @@ def escapes(events: tuple[OpEvent, ...], consumers: dict[int, list[int]], origin
             continue
         seen.add(index)
         event = events[index]
-        if all(s.finite for s in event.outputs if s.is_floating):
-            continue  # absorbed here (a softmax over a -inf mask), or turned into integers
+        floating = [s for s in event.outputs if s.is_floating]
+        if not floating:
+            yield index, "integers"
+            continue
+        if all(s.finite for s in floating):
+            yield index, "finite"
+            continue
         nxt = consumers.get(index, [])
-        if not nxt or (not event.in_loss and any(events[i].in_loss for i in nxt)):
-            return True
+        if not nxt:
+            yield index, "leaves"
+            continue
+        into_loss = not event.in_loss and any(events[i].in_loss for i in nxt)
+        yield index, "into_loss" if into_loss else "on"
         stack.extend(nxt)
-    return False
+
+
+def escapes(events: tuple[OpEvent, ...], consumers: dict[int, list[int]], origin: int) -> bool:
+    """True when a non-finite floating value that ``origin``'s output reaches leaves the traced
+    code or is the model's output a traced loss takes in: no op on the way turned it finite or
+    into integers."""
+    return any(kind in ("leaves", "into_loss") for _, kind in reached(events, consumers, origin))
 
 
 def benign_in_fp32(
@@ -226,24 +246,7 @@ def contained(events: tuple[OpEvent, ...], consumers: dict[int, list[int]], orig
     (T5's ``log(0)`` that becomes a bucket index): no floating value downstream depends on
     them, so training is unaffected. A chain that ends in an unconsumed floating value (a
     model output, the loss) is not contained."""
-    stack = [origin]
-    seen: set[int] = set()
-    while stack:
-        index = stack.pop()
-        if index in seen:
-            continue
-        seen.add(index)
-        event = events[index]
-        floating = [s for s in event.outputs if s.is_floating]
-        if not floating:
-            continue  # the chain turned into integers or booleans here
-        if all(s.finite for s in floating):
-            return False  # a finite floating value depends on the non-finite ones
-        nxt = consumers.get(index, [])
-        if not nxt:
-            return False  # a non-finite floating value leaves the traced code
-        stack.extend(nxt)
-    return True
+    return not any(kind in ("finite", "leaves") for _, kind in reached(events, consumers, origin))
 
 
 def absorbers(
@@ -256,28 +259,13 @@ def absorbers(
     mask), when every path from it ends at one: no non-finite floating value leaves a module,
     reaches the loss or the end of the traced code (``escapes``). Empty otherwise, and when the
     values only ever reach integers (``contained``)."""
-    stack = [origin]
-    seen: set[int] = set()
-    found: dict[int, OpEvent] = {}
-    while stack:
-        index = stack.pop()
-        if index in seen:
-            continue
-        seen.add(index)
-        event = events[index]
-        floating = [s for s in event.outputs if s.is_floating]
-        if not floating:
-            continue  # turned into integers or booleans on this path
-        if all(s.finite for s in floating):
-            found[index] = event  # absorbed here
-            continue
-        nxt = consumers.get(index, [])
-        if index in escaped or not nxt or (
-            not event.in_loss and any(events[i].in_loss for i in nxt)
-        ):
+    found: list[OpEvent] = []
+    for index, kind in reached(events, consumers, origin):
+        if kind == "finite":
+            found.append(events[index])  # absorbed here
+        elif kind in ("leaves", "into_loss") or (kind == "on" and index in escaped):
             return ()
-        stack.extend(nxt)
-    return tuple(found[i] for i in sorted(found))
+    return tuple(sorted(found, key=lambda e: e.index))
 
 
 def absorbed_as_in_fp32(
