@@ -446,3 +446,20 @@ def test_a_stop_in_a_training_thread_is_quiet_and_holds(tmp_path: Path) -> None:
     assert "StopRun" not in done.stderr
     assert "ValueError: the thread's own error" in done.stderr  # the script's own, as Python
     assert "nan_hunter" not in done.stderr.split("ValueError")[0].split("Exception in thread")[-1]
+
+
+@pytest.mark.slow
+def test_a_script_that_replaces_torch_isfinite_still_gets_its_problem(tmp_path: Path) -> None:
+    liars = (
+        "torch.isfinite = lambda t: torch.ones_like(t, dtype=torch.bool)\n"
+        "torch.Tensor.isfinite = lambda self: torch.ones_like(self, dtype=torch.bool)\n"
+    )
+    project(tmp_path, liars + PLAIN)
+    done = nan_hunter("run", "--no-verify", "--no-save-repro", "train.py", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = ours(done.stderr)
+    assert lines[0].startswith("nan-hunter: training step 3: the loss is -inf; NH301 torch.log")
+    assert lines[-2] == (
+        "nan-hunter: warning: the script replaced torch.isfinite, torch.Tensor.isfinite; "
+        "nan-hunter's checks used torch's own functions, not the replacements"
+    )

@@ -54,6 +54,7 @@ from nan_hunter.errors import InternalError, NanHunterError, first_line
 from nan_hunter.findings import Report, TrainingSteps
 from nan_hunter.project.config import Settings
 from nan_hunter.project.loader import unwrap_model
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.training import script_patches
 from nan_hunter.training.checks import (
     OptimizerStep,
@@ -321,7 +322,7 @@ class ScriptWatch:
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _loss_flags(self) -> list[torch.Tensor]:
-        return [torch.isfinite(loss.detach()).all() for loss in self._losses]
+        return [real.isfinite(loss.detach()).all() for loss in self._losses]
 
     @script_entry("the optimizer step pre-hook")
     def _before_update(
@@ -601,7 +602,7 @@ class ScriptWatch:
 
     def _first_bad_loss(self) -> torch.Tensor | None:
         for loss in self._losses:
-            if not bool(torch.isfinite(loss.detach()).all()):
+            if not bool(real.isfinite(loss.detach()).all()):
                 return loss
         return self._losses[-1] if self._losses else None
 

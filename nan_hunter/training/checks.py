@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.stats import finite_flag
 from nan_hunter.training.step_verdict import Problem, Reason
 
@@ -31,7 +32,7 @@ def bad_grad_names(model: torch.nn.Module) -> str:
     bad = [
         name
         for name, p in model.named_parameters()
-        if p.grad is not None and not bool(torch.isfinite(p.grad.detach()).all())
+        if p.grad is not None and not bool(real.isfinite(p.grad.detach()).all())
     ]
     if not bad:
         return ""

@@ -29,6 +29,7 @@ import torch
 
 from nan_hunter.core.nest import call_leaves
 from nan_hunter.findings import Report, Severity, StepVerdict
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.trace.deferred import version_of
 from nan_hunter.trace.summary import format_number
 from nan_hunter.training.rerun import ModelCall
@@ -55,9 +56,9 @@ class StepSeen:
         """Read at the problem step (host syncs: on a problem only)."""
         outputs = grads = None
         if call is not None and call.values:
-            outputs = all(bool(torch.isfinite(v).all()) for v in call.values)
+            outputs = all(bool(real.isfinite(v).all()) for v in call.values)
         if call is not None and call.grads:
-            grads = all(bool(torch.isfinite(g).all()) for g in call.grads.values())
+            grads = all(bool(real.isfinite(g).all()) for g in call.grads.values())
         reason = problem.reason
         return cls(
             outputs_finite=outputs,

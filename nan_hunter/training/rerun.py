@@ -28,6 +28,7 @@ from nan_hunter.core.nest import leaves, output_leaves
 from nan_hunter.engine.pass_state import RngState, compared_passes_from
 from nan_hunter.findings import Report
 from nan_hunter.project.config import Settings
+from nan_hunter.trace import torch_originals as real
 
 MAX_GRAPH_NODES = 200_000
 """Autograd nodes walked, per output, to find outputs computed from other outputs."""
@@ -103,7 +104,7 @@ class ModelCall:
 
     def finite(self) -> bool:
         """All outputs and kept output gradients finite (host syncs: on a problem only)."""
-        return all(bool(torch.isfinite(t).all()) for t in [*self.values, *self.grads.values()])
+        return all(bool(real.isfinite(t).all()) for t in [*self.values, *self.grads.values()])
 
 
 def rng_dict(state: RngState | None) -> dict[str, torch.Tensor]:

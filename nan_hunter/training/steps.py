@@ -18,6 +18,7 @@ from nan_hunter.precision.formats import format_for
 from nan_hunter.project.config import Settings
 from nan_hunter.project.loader import Target
 from nan_hunter.project.options import explicitly_set
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.training.checks import ScaleWatch, bad_grad_names, grads_finite_flag
 from nan_hunter.training.events import StepsResult
 from nan_hunter.training.step_verdict import step_verdict
@@ -119,10 +120,10 @@ def run_steps(
             scaler.step(optimizer)
             scaler.update()
             used, _, scale_problem = scale.observe(float(scaler.get_scale()))
-            loss_ok = bool(torch.isfinite(loss.detach()).all())
+            loss_ok = bool(real.isfinite(loss.detach()).all())
         else:
             flag = grads_finite_flag(params)
-            flags = torch.stack([torch.isfinite(loss.detach()).all(), *(
+            flags = torch.stack([real.isfinite(loss.detach()).all(), *(
                 [flag.to(loss.device)] if flag is not None else [])])
             loss_ok, *rest = (bool(v) for v in flags.tolist())
             grads_ok = not rest or rest[0]

@@ -45,6 +45,7 @@ from nan_hunter.core.safe_write import write_file
 from nan_hunter.errors import ConfigError, first_line
 from nan_hunter.project.config import Settings
 from nan_hunter.project.options import settings_with
+from nan_hunter.trace import torch_originals as real
 from nan_hunter.training.checks import (
     ScaleWatch,
     bad_grad_names,
@@ -310,7 +311,7 @@ class Watcher:
 
         flags: list[torch.Tensor] = []
         if loss is not None:
-            flags.append(torch.isfinite(loss.detach()).all())
+            flags.append(real.isfinite(loss.detach()).all())
         grad_flag = None
         if self._scale is None and hook_ok is None:
             grad_flag = grads_finite_flag(self._params)
