@@ -420,12 +420,10 @@ class _State:
             traceback.print_exception(failure.error.original, file=sys.stderr)
 
     def summary(self, code: int) -> None:
-        from nan_hunter.trace import torch_originals
-
         watch = self.watch
         if watch is None or (self.job.quiet and not watch.problems):
             return
-        replaced = torch_originals.replaced()
+        replaced = watch.torch_replaced()
         if replaced:  # our checks never called them: say it, the script's own checks did
             self.say(f"warning: the script replaced {', '.join(replaced)}; nan-hunter's checks "
                      "used torch's own functions, not the replacements")

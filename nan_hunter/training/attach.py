@@ -265,6 +265,12 @@ class ScriptWatch:
             self._calls.append(call)
             del self._calls[:-MAX_CALLS]
 
+    @staticmethod
+    def torch_replaced() -> tuple[str, ...]:
+        """torch's functions the script replaced (``torch_originals.replaced``): the watch's
+        checks never call them, but the script's own code did."""
+        return real.replaced()
+
     @property
     def losses_only(self) -> int:
         """The losses checked after their backward in a run that never stepped a torch
