@@ -81,7 +81,12 @@ def test_a_constant_that_is_one_in_fp16_is_named_with_both_values(
     assert f"the constant {value!r} at line 15 is 1 in float16" in finding.message
     assert "flushed" not in finding.message
     assert finding.fix is not None
-    assert finding.fix.title.startswith("Compute the subtraction and their consumer in FP32")
+    # finest first: the sigmoid and the ops after it upcast where they leave the Linear (no
+    # region), then the region around the subtraction and its consumer
+    titles = [f.title for f in (finding.fix, *finding.fix.alternatives)]
+    assert titles[0].startswith("Compute torch.sigmoid, ")
+    assert titles[0].endswith("(no region; the matmuls around stay in float16)")
+    assert titles[1].startswith("Compute the subtraction and their consumer in FP32")
 
 
 def test_a_saturated_probability_without_a_constant_is_a_cancellation(tmp_path: Path) -> None:

@@ -170,10 +170,11 @@ def test_coupled_errors_verify_only_together(monkeypatch: pytest.MonkeyPatch) ->
     Everything else one-at-a-time found agrees (no error left at the fixed ops, nothing new).
     One at a time, each head's fix fails, and so do the next steps of the search, the region
     with FP32 regions for the ops taking its result, then its whole forward in FP32: three
-    re-scans per head."""
+    re-scans per head, and one more for the two elementwise heads (``x * x``, ``h + h``),
+    whose first candidate is their operands upcast with no region."""
     batched, calls = _verified_scan(COUPLED, monkeypatch, batched=True)
     alone, alone_calls = _verified_scan(COUPLED, monkeypatch, batched=False)
-    assert (len(calls), len(alone_calls)) == (1, 12)
+    assert (len(calls), len(alone_calls)) == (1, 14)
     assert all(ok for ok, _ in _verdicts(batched).values())
     for ok, remaining in _verdicts(alone).values():
         assert (ok, remaining) == (False, ("the loss is not finite after the fix",))
@@ -489,12 +490,13 @@ def test_alternatives_of_failed_fixes_are_verified_in_groups(
     time does), and the four alternatives verify together in one re-scan. One at a time takes
     eight re-scans; on the coupled model it verifies no alternative (the loss), so it goes on
     to each alternative's own next steps, the region with FP32 regions for the ops taking its
-    result and the whole forward in FP32: sixteen."""
+    result and the whole forward in FP32 (the two elementwise heads: the upcast operands with
+    no region first): eighteen."""
     batched, calls = _verified_scan(path, monkeypatch, batched=True, tamper=_alternatives_only)
     alone, alone_calls = _verified_scan(
         path, monkeypatch, batched=False, tamper=_alternatives_only
     )
-    assert (len(calls), len(alone_calls)) == (1 + 4 + 1, 8 if path is GUARDED else 16)
+    assert (len(calls), len(alone_calls)) == (1 + 4 + 1, 8 if path is GUARDED else 18)
     for f in batched.findings:  # the verified alternative is the fix, the refuted one gone
         assert f.fix is not None and f.fix.verified is True and f.fix.alternatives == ()
     alone_verified = [f.fix.verified for f in alone.findings if f.fix]

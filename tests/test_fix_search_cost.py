@@ -1,8 +1,10 @@
-"""The fix search stays cheap: at most 4 re-scans per finding on the fixtures whose search goes
-furthest (an eps whose change moves the loss tries its rewrite, the region and the grown
-region, and the whole function or in half mode the module kept in FP32; the inverse at a region
-boundary grows once). An eps whose change is measured harmless costs one re-scan: it comes
-first, and nothing after it is tried.
+"""The fix search stays cheap: at most 5 re-scans per finding on the fixtures whose search goes
+furthest (an eps whose change moves the loss tries its rewrite, the elementwise ops upcast with
+no region (autocast), the region and the grown region, and the whole function or in half mode
+the module kept in FP32; the inverse at a region boundary tries the matmul alone, the region
+with its producer, then grows once). An eps whose change is measured harmless costs one
+re-scan: it comes first, and nothing after it is tried. The search's own cap is 6
+(``MAX_RESCANS``).
 ``benchmarks/fix_search_cost.py`` prints the figure for all."""
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ from nan_hunter.api import scan_file
 from nan_hunter.project.config import load_settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
-MAX_RESCANS_PER_FINDING = 4
+MAX_RESCANS_PER_FINDING = 5
 
 
 @pytest.mark.parametrize(
     ("name", "mode", "expected"),
-    [("fx_eps_large_change", "autocast", 4), ("fx_eps_large_change", "half", 4),
+    [("fx_eps_large_change", "autocast", 5), ("fx_eps_large_change", "half", 5),
      ("fx_eps_underflow", "autocast", 1), ("fx_eps_underflow", "half", 1),
-     ("fx_inverse_boundary", "autocast", 2), ("fx_matmul_overflow", "autocast", 1)],
+     ("fx_inverse_boundary", "autocast", 3), ("fx_matmul_overflow", "autocast", 1)],
 )
-def test_a_findings_search_costs_at_most_four_rescans(
+def test_a_findings_search_costs_at_most_five_rescans(
     name: str, mode: str, expected: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     count = 0

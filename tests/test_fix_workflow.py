@@ -70,15 +70,18 @@ def test_every_precision_fix_is_verified_by_rescan(path: Path) -> None:
     fix = report.findings[0].fix
     assert fix is not None and fix.diff is not None
     if path.stem == "fx_eps_large_change":
-        # The eps FP16 holds comes first and changes the loss by 26%; the FP32 region (its
-        # first alternative) removes the NaN, but the true gradient of x / 1e-8 then overflows
-        # where it enters the FP16 Linear output: an error the original scan did not have, so
-        # neither is verified.
+        # The eps FP16 holds comes first and changes the loss by 26%; the upcast with no
+        # region and the FP32 region (its next alternatives) remove the NaN, but the true
+        # gradient of x / 1e-8 then overflows where it enters the FP16 Linear output (at the
+        # cast each adds): an error the original scan did not have, so none is verified.
         assert fix.verified is False
         assert fix.applicability.value == "unsafe"
         assert fix.fp32_loss_change == pytest.approx(0.2591, abs=1e-4)
-        region = fix.alternatives[0]
-        assert region.verified is False
+        upcast, region = fix.alternatives[:2]
+        assert (upcast.verified, region.verified) == (False, False)
+        assert upcast.remaining == (
+            "NH401 Tensor.float at line 27 (new: the original scan did not have it)",
+        )
         assert region.remaining == (
             "NH401 Tensor.float at line 28 (new: the original scan did not have it)",
         )

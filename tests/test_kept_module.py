@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from nan_hunter.api import scan, scan_file
+from nan_hunter.findings import Applicability
 from nan_hunter.fixes.module_region import build_kept_module_patch
 from nan_hunter.project.config import load_settings
 from tests.test_model_state import _assert_same, _snapshot
@@ -326,7 +327,10 @@ def test_a_buffer_flushed_by_half_gets_its_module_kept_in_fp32_verified(tmp_path
     assert "+    def _apply(self, fn, *args, **kwargs):" in (chosen.diff or "")
 
 
-def test_a_mask_buffer_beyond_fp16_gets_its_module_kept_in_fp32_verified() -> None:
+def test_a_mask_buffer_beyond_fp16_gets_a_constant_fp16_holds_then_its_module_kept() -> None:
+    """The buffer's literal written as -1e4 comes first (unsafe, measured: the FP32 loss does
+    not move on this batch, so it is taken, moving nothing to FP32); the module kept in FP32
+    follows it, not re-scanned since it cannot cost less."""
     from tests.conftest import FIXTURES
 
     report = scan_file(
@@ -335,9 +339,32 @@ def test_a_mask_buffer_beyond_fp16_gets_its_module_kept_in_fp32_verified() -> No
     (finding,) = [f for f in report.findings if f.code == "NH005"]
     assert finding.fix is not None
     assert not finding.fix.edits  # the rule's own advice: finfo where the buffer is used
-    (kept,) = finding.fix.alternatives
-    assert kept.verified, kept
+    constant, kept = finding.fix.alternatives
+    assert constant.title == (
+        "Use -1e4 instead of -1.00e+10: float16 holds it, and a mask value stays finite after "
+        "the add or subtraction that follows (changes the numerics)"
+    )
+    assert constant.applicability is Applicability.UNSAFE
+    assert constant.verified is True and constant.measured_harmless
+    assert [e.replacement for e in constant.edits] == [
+        '        self.register_buffer("neg", torch.tensor(-1e4))  # <- buffer\n'
+    ]
+    assert constant.cost is not None and constant.cost.added_matmul_share == 0.0
     assert kept.title.startswith("Keep CausalAttn (block) in FP32 under .half()")
+    assert kept.verified is None
+
+
+def test_a_large_positive_buffer_gets_no_constant_rewrite(tmp_path: Path) -> None:
+    """A scale of 1e10 is the model's own number, not a mask value: only the kept module."""
+    from tests.conftest import FIXTURES
+
+    path = tmp_path / "scaled.py"
+    path.write_text((FIXTURES / "half_mask_buffer.py").read_text().replace(
+        'torch.tensor(-1e10)', 'torch.tensor(1e10)'))
+    report = scan_file(str(path), load_settings(overrides={"mode": "half"}))
+    nh005 = [f for f in report.findings if f.code == "NH005"]
+    assert nh005 and nh005[0].fix is not None
+    assert all("-1e4" not in f.title for f in nh005[0].fix.alternatives)
 
 
 def test_a_modules_own_apply_that_raises_under_half_is_the_models_error(tmp_path: Path) -> None:

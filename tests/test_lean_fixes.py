@@ -226,3 +226,100 @@ def test_the_sum_cast_back_alone_is_inf_again() -> None:
 def test_residual_fix_all_ends_clean_with_the_clamp(tmp_path: Path) -> None:
     after = _fix_all(RESIDUAL, "half", tmp_path)
     assert CLAMPED in after and "_apply" not in after
+
+
+# --- no region: the elementwise ops in FP32, the matmuls around them in FP16 ------------------
+
+LOG1P_CLAMP = FIXTURES / "fx_log1p_clamp.py"
+LOG1P_TAIL = "        p = torch.sigmoid(self.fc(x).float())\n"
+
+
+def test_the_ops_that_rounded_are_upcast_after_the_linear_not_before_it() -> None:
+    """``sigmoid(12)`` rounds to 1.0 in FP16 and ``log1p(-1)`` is -inf: the statement region
+    upcast ``x`` and ran the Linear in FP32 (all of the model's matmul FLOPs); the value is
+    now upcast where it leaves the Linear, and the sigmoid, clamp and log1p after it run in
+    FP32 under autocast with no region."""
+    finding = _error(_scan(LOG1P_CLAMP, "autocast"))
+    fix = finding.fix
+    assert fix is not None and fix.verified is True
+    assert fix.title == (
+        "Compute torch.sigmoid, Tensor.clamp, Tensor.__neg__ up to torch.log1p in FP32: their "
+        "float16 inputs upcast where they leave the last matmul/conv or module (no region; the "
+        "matmuls around stay in float16)"
+    )
+    assert fix.applicability is Applicability.SAFE
+    assert [e.replacement for e in fix.edits] == [LOG1P_TAIL]
+    assert fix.cost is not None and fix.cost.added_matmul_share == 0.0
+    # the statement region, which runs the Linear in FP32 too, is not tried once this verified
+    assert all("autocast" not in e.replacement for alt in fix.alternatives for e in alt.edits
+               if alt.verified)
+
+
+def test_fix_all_upcasts_after_the_linear(tmp_path: Path) -> None:
+    after = _fix_all(LOG1P_CLAMP, "autocast", tmp_path)
+    assert after == LOG1P_CLAMP.read_text().replace(
+        "        p = torch.sigmoid(self.fc(x))\n", LOG1P_TAIL
+    )
+
+
+SCORES_THEN_V = '''
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        nn.init.normal_(self.q.weight)
+        nn.init.normal_(self.k.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        scores = q @ k.transpose(-2, -1)
+        return scores.softmax(-1) @ v
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Attn(32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(x))
+
+
+def build_model() -> nn.Module:
+    torch.manual_seed(0)
+    return Model()
+
+
+def sample_batch() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(2, 8, 32) * 30.0
+'''
+
+
+def test_half_mode_scores_go_back_to_fp16_at_the_softmax(tmp_path: Path) -> None:
+    """Under ``.half()`` the unscaled scores (beyond 65504) are computed from upcast ``q`` and
+    ``k``; the softmax brings them back into range and is cast back there, so ``@ v`` stays in
+    FP16: the FP32 share is the scores matmul alone (the region down to the statement with the
+    softmax moved ``@ v`` too)."""
+    path = tmp_path / "attn_then_v.py"
+    path.write_text(SCORES_THEN_V)
+    finding = _error(_scan(path, "half"))
+    fix = finding.fix
+    assert fix is not None and fix.verified is True
+    assert "the result cast back at Tensor.softmax" in fix.title
+    assert "".join(e.replacement for e in fix.edits) == (
+        "        scores = q.float() @ k.transpose(-2, -1).float()\n"
+        "        return scores.softmax(-1).to(q.dtype) @ v\n"
+    )
+    # batch 2 x 8 tokens, d = 32: q, k, v and the head are Linears; scores and @ v matmuls
+    linears = 3 * 2 * 2 * 8 * 32 * 32 + 2 * 2 * 8 * 32 * 4
+    attention = 2 * (2 * 2 * 8 * 8 * 32)
+    assert fix.cost is not None
+    assert fix.cost.added_matmul_share == pytest.approx((attention / 2) / (linears + attention))

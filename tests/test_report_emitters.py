@@ -416,7 +416,7 @@ def test_markdown_has_the_diff_block_and_stats_table() -> None:
     assert "| out[0] | [32, 4] | float16 | -4.051 | 3.826 | 8 | 0 | 0 |" in text
     assert (
         "```diff\n--- a/examples/matrix_inverse.py\n+++ b/examples/matrix_inverse.py\n"
-        "@@ -42,8 +42,9 @@"
+        "@@ -43,7 +43,8 @@"
     ) in text
     assert "- **fix** (safe): Run torch.matmul" in text
     assert text.rstrip().endswith("1 propagated, 0.00 s")

@@ -29,7 +29,7 @@ from nan_hunter.findings import (
     ScanTarget,
     scale_text,
 )
-from nan_hunter.fixes.build import build_fix, edit_site, with_kept_module
+from nan_hunter.fixes.build import build_fix, edit_site, with_fp16_constant, with_kept_module
 from nan_hunter.fixes.kept_submodule import LibraryScope, ModelSite, library_scope
 from nan_hunter.precision.compare import ErrorMeter, KeptOutputs
 from nan_hunter.precision.context import PrecisionPlan
@@ -415,8 +415,8 @@ def _detected(stage: str, scan: ScanEvidence) -> list[Finding]:
     order, then backward ones in the order their rules give."""
     half = scan.settings.mode == "half"
     found = [
-        with_kept_module(finding, scan.settings.dtype) if half and rule.keeps_module_in_fp32
-        else finding
+        with_fp16_constant(with_kept_module(finding, scan.settings.dtype), scan.fmt.name)
+        if half and rule.keeps_module_in_fp32 else finding
         for rule in site_rules(stage)
         if scan.settings.rule_enabled(rule.code)
         for finding in rule.detect(scan)

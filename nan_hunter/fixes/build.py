@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from nan_hunter.findings import Applicability, Edit, Finding, Fix, SourceLocation
+from nan_hunter.findings import Applicability, Edit, Finding, Fix, Phase, SourceLocation
 from nan_hunter.fixes.autocast_region import build_autocast_region_patch
 from nan_hunter.fixes.clamp_region import MARGIN, build_clamp_patch
 from nan_hunter.fixes.edits import (
@@ -31,10 +31,12 @@ from nan_hunter.fixes.rewrites import (
     scalar_literal,
 )
 from nan_hunter.fixes.source_file import read_source
+from nan_hunter.fixes.tail_upcast import UpcastSite, build_tail_upcast_patch
 from nan_hunter.precision.formats import LOW_PRECISION
 from nan_hunter.project.paths import is_installed, project_root, shared_root
 from nan_hunter.rules.registry import Candidate, FixPlan
 from nan_hunter.trace.events import OpEvent
+from nan_hunter.trace.flops import MATMUL_OPS
 
 
 def make_fix(
@@ -106,6 +108,26 @@ def build_fix(
         if grown.edits and grown.edits != fix.edits:
             title = f"{grown.title}, with the statements producing its inputs"
             wider.append(replace(grown, title=title))
+    if plan.region and plan.extra_lines and c.cast_inputs and half_dtype is None and fix.edits:
+        # The operand autocast cast down arrived in FP32: a region around the culprit alone
+        # keeps it so, and the producer's statement (a Linear beside the exp that overflowed)
+        # stays under autocast. Tried first; with the regions its out-of-range result needs.
+        alone_plan = replace(
+            plan, extra_lines=(), upcast_sites=(),
+            title=f"Run {c.event.op} in FP32 (autocast disabled): its FP32 operand is no "
+                  "longer cast down, the statements producing it stay as they are",
+        )
+        finer = [
+            f for f in (
+                _build(c, alone_plan, device, site, half_dtype, from_input=device_from_input),
+                _build(c, alone_plan, device, site, half_dtype, downstream=True,
+                       from_input=device_from_input),
+            ) if f.edits and f.edits != fix.edits
+        ]
+        finer = [f for i, f in enumerate(finer) if all(f.edits != g.edits for g in finer[:i])]
+        if finer:
+            wider = [*finer[1:], fix, *wider]
+            fix = finer[0]
     whole = _whole_function(c, plan, device, site, half_dtype, root_class)
     if whole is not None and all(whole.edits != f.edits for f in (fix, *wider)):
         wider.append(whole)
@@ -118,6 +140,14 @@ def build_fix(
     if alone is not None and fix.edits and alone.edits != fix.edits:
         # finer than the statement: tried first, the statement region after it
         fix, wider = alone, [fix, *wider]
+    # the culprit alone, where the op-alone candidate is not made (it takes its statement's
+    # only op: ``h = h.float() * self.scale``), and the elementwise ops that rounded its input
+    # (the op-alone candidate leaves them in low precision): no matmul/conv moved, tried first
+    tail = None if alone is not None and not c.rounded_chain else (
+        _elementwise_tail(c, plan, site, half_dtype)
+    )
+    if tail is not None and fix.edits and tail.edits != fix.edits:
+        fix, wider = tail, [fix, *wider]
     alternatives = (*wider, *alternatives)
     leads = [alt for p, alt in built if p.leads]
     if leads:  # the change of the cause itself comes first, the regions after it
@@ -215,6 +245,81 @@ def _op_alone(
     back = ", its result cast back" if fits else ""
     title = (f"Compute {c.event.op} alone in FP32 (autocast disabled for that call only{back}; "
              f"the rest of its statement stays in {c.fmt.name})")
+    return make_fix(title, plan.applicability, patch.edits, root)
+
+
+def _heavy(event: OpEvent) -> bool:
+    """A matmul/conv: what autocast casts down, and what a fix should keep in FP16."""
+    return event.op.rsplit(".", 1)[-1] in MATMUL_OPS
+
+
+def _elementwise_tail(
+    c: Candidate, plan: FixPlan, site: SourceLocation | None, half_dtype: str | None
+) -> Fix | None:
+    """The culprit (a backward finding's forward op: its backward then runs in FP32) and,
+    when FP32 fails on its own rounded inputs, the ops that rounded them
+    after the last matmul/conv on the way, computed in FP32 by upcasting the values where they
+    enter (``self.score(x).float() * 1.0``): autocast runs an elementwise op in its inputs'
+    dtype, so no region is needed and no matmul FLOPs move
+    (``nan_hunter.fixes.tail_upcast``). Under autocast a matmul culprit is cast down again
+    whatever its inputs: not offered for it. Under ``model.half()`` the value goes back to the
+    model's dtype at the culprit where its FP32 result fits the format, else at the first op
+    after it that brings it back into range (the softmax after overflowing scores). None where
+    the edit cannot be made."""
+    forward = c.phase is Phase.FORWARD
+    if (
+        not plan.region or plan.rewrite or site is None or (forward and c.reference is None)
+        or site is not c.event.location or not c.ref_finite
+        or (half_dtype is None and _heavy(c.event))
+    ):
+        return None
+    boundary = max((e.index for e in c.rounded_chain if _heavy(e)), default=-1)
+    tail = {e.index: e for e in c.rounded_chain if e.index > boundary}
+    tail[c.event.index] = c.event
+    if any(e.location is None or e.location.file != site.file for e in tail.values()):
+        return None
+    cast_back: tuple[int, str] | None = None
+    if half_dtype is not None:
+        # a backward finding's forward ran in the format and was finite: its result fits
+        fits = not forward or (c.reference is not None and all(
+            s.abs_max is not None and s.abs_max <= c.fmt.max for s in c.reference.outputs
+        ))
+        back = c.event if fits else next(
+            (e for e in c.out_of_range_consumers if e.index in c.back_in_range), None
+        )
+        if back is None or back.location is None or back.location.file != site.file:
+            return None  # its FP32 result cannot go back to the model's dtype
+        cast_back = (back.location.line, back.op)
+    sites: list[UpcastSite] = []
+    for e in sorted(tail.values(), key=lambda e: e.index):
+        entering = frozenset(
+            i for i, s in enumerate(e.inputs)
+            if s.dtype in LOW_PRECISION
+            and (i >= len(e.producers) or e.producers[i] not in tail)
+        )
+        if entering:
+            assert e.location is not None
+            left = frozenset(range(len(e.inputs))) - entering
+            sites.append((e.location.line, e.op, len(e.inputs), left))
+    if not sites:
+        return None
+    path = Path(site.file).resolve()
+    root = project_root(path)
+    patch = build_tail_upcast_patch(path, sites, relative_to=root, cast_back=cast_back)
+    if patch is None:
+        return None
+    before = [e.op for e in sorted(tail.values(), key=lambda e: e.index) if e is not c.event]
+    ops = (f"{', '.join(dict.fromkeys(before))} up to {c.event.op}" if before
+           else c.event.op)
+    back_at = ""
+    if cast_back is not None:
+        back_at = (f", the result cast back at {cast_back[1]}" if cast_back[1] != c.event.op
+                   or cast_back[0] != site.line else ", its result cast back")
+    backward = "" if forward else ", so that its backward runs in FP32 too"
+    inputs = (f"their {c.fmt.name} inputs upcast where they leave the last matmul/conv or "
+              "module" if before else f"its {c.fmt.name} inputs upcast")
+    title = (f"Compute {ops} in FP32{backward}: {inputs}{back_at} (no region; the matmuls "
+             f"around stay in {c.fmt.name})")
     return make_fix(title, plan.applicability, patch.edits, root)
 
 
@@ -345,6 +450,39 @@ def with_kept_module(finding: Finding, dtype: str) -> Finding:
         return replace(finding, fix=kept)
     return replace(finding, fix=replace(
         finding.fix, alternatives=(*finding.fix.alternatives, kept)
+    ))
+
+
+MASK_CONSTANT = "-1e4"
+"""A mask constant FP16 holds and that stays finite after an add or a subtraction."""
+
+
+def with_fp16_constant(finding: Finding, fmt_name: str) -> Finding:
+    """``finding`` (NH005: a 0-dim parameter or buffer whose value FP16 cannot hold) with, first
+    among the fixes to verify, the literal it is made from on its definition line written as a
+    mask constant FP16 holds (``torch.tensor(-1e10)`` -> ``torch.tensor(-1e4)``). Unsafe: it
+    changes what the model computes; verification measures by how much. Only for a negative
+    constant (a mask value): a large positive scale is the model's own number."""
+    where = finding.location
+    if (
+        where is None or finding.fix is None or len(finding.inputs) != 1
+        or is_installed(where.file)
+    ):
+        return finding
+    stats = finding.inputs[0]
+    if stats.numel != 1 or stats.min is None or stats.min >= 0 or stats.abs_max is None:
+        return finding
+    path = Path(where.file).resolve()
+    new_text = scalar_literal(path, where.line, stats.min, MASK_CONSTANT)
+    if new_text is None:
+        return finding
+    edits = edits_between(path, read_source(path).text, new_text)
+    title = (f"Use {MASK_CONSTANT} instead of {stats.min:.2e}: {fmt_name} holds it, and a mask "
+             "value stays finite after the add or subtraction that follows (changes the "
+             "numerics)")
+    constant = make_fix(title, Applicability.UNSAFE, edits, project_root(path))
+    return replace(finding, fix=replace(
+        finding.fix, alternatives=(constant, *finding.fix.alternatives)
     ))
 
 

@@ -42,10 +42,9 @@ from nan_hunter.fixes.autocast_region import (
 from nan_hunter.fixes.edits import edits_between, render_diff
 from nan_hunter.fixes.source_file import (
     Source,
-    SourceError,
     SourcePositions,
     compiles,
-    decode_source,
+    parse_source,
 )
 from nan_hunter.fixes.statements import has_torch_import, import_insert_index, is_autocast_off
 
@@ -66,15 +65,11 @@ def build_function_region_patch(
     """Edits running the innermost function holding ``culprit_line`` with autocast disabled
     and its ``dtype`` tensor arguments upcast, or ``None`` when that cannot be done safely (no
     enclosing function, a one-line function, one already autocast-disabled, a lambda)."""
-    try:
-        source = decode_source(path, path.read_bytes())
-    except SourceError:
+    parsed = parse_source(path)
+    if parsed is None:
         return None
+    source, tree = parsed
     text = source.text
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
     found = innermost_function(tree, culprit_line)
     if found is None:
         return None

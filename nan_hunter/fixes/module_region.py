@@ -55,7 +55,7 @@ from nan_hunter.fixes.function_region import (
     tensor_casts,
     tensor_parameters,
 )
-from nan_hunter.fixes.source_file import SourceError, SourcePositions, decode_source
+from nan_hunter.fixes.source_file import SourcePositions, parse_source
 
 __all__ = ["KeptModulePatch", "build_kept_module_patch"]
 
@@ -83,15 +83,11 @@ def build_kept_module_patch(
     ``forward``), or ``None`` when that cannot be done safely: the line is in no
     method, the class has an ``_apply`` of its own, the method takes no tensor argument to
     take the dtype to cast back to from, or a ``return`` shares its line with other code."""
-    try:
-        source = decode_source(path, path.read_bytes())
-    except SourceError:
+    parsed = parse_source(path)
+    if parsed is None:
         return None
+    source, tree = parsed
     text = source.text
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
     found = innermost_function(tree, culprit_line)
     if found is None or not found[1]:
         return None

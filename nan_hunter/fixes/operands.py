@@ -224,6 +224,7 @@ def upcast_operand(
     numbers: Mapping[str, bool] | None = None,
     torch_names: AbstractSet[str] = frozenset({"torch"}),
     fp32_modules: bool = False,
+    matmul_results: bool = False,
 ) -> list[TextEdit]:
     """Edits that make ``expr`` compute in FP32 from its leaves; none if not needed: already
     upcast, a constant, a Python number, or made only of names the region computed in FP32.
@@ -236,6 +237,8 @@ def upcast_operand(
     ``self.<name>(...)`` gets its first argument cast, since a module inside an autocast-off
     region cannot take FP16 inputs; otherwise (``model.half()``: FP16 weights) its result is
     cast. Any other call, a name, an attribute or a subscript is a leaf: ``.float()`` after it.
+    With ``matmul_results`` (no autocast-disabled region around: autocast casts a matmul's
+    inputs down whatever they are) an ``a @ b`` is a leaf too: ``(a @ b).float()``.
     """
     numbers = numbers or {}
 
@@ -247,7 +250,7 @@ def upcast_operand(
         names = {n.id for n in ast.walk(e) if isinstance(n, ast.Name)}
         if names and names <= inside and not any(isinstance(n, ast.Call) for n in ast.walk(e)):
             return []
-        if isinstance(e, ast.BinOp):
+        if isinstance(e, ast.BinOp) and not (matmul_results and isinstance(e.op, ast.MatMult)):
             return [*leaves(e.left), *leaves(e.right)]
         if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub | ast.UAdd):
             return leaves(e.operand)
@@ -384,11 +387,16 @@ def upcast_edits(
     uncast_operands: frozenset[int] = frozenset(),
     region_ops: Sequence[ast.AST] = (),
     fallback: bool = True,
+    fp32_modules: bool | None = None,
+    matmul_results: bool = False,
 ) -> list[TextEdit] | None:
     """Edits appending ``.float()`` to the op's tensor operands, or ``None``; operands known
     not to be low-precision floats (``uncast_operands``, by position: FP32 already, a bool
     mask, an int index, as the trace recorded their dtypes) or computed in the region are
-    left."""
+    left. ``fp32_modules`` (``upcast_operand``; by default as ``fallback``): whether a module
+    call's input is cast rather than its result."""
+    if fp32_modules is None:
+        fp32_modules = fallback
     module_names, torch_names = import_bindings(tree)
     node = find_op_node(stmt, line, op_name, torch_names, fallback)
     if node is None:
@@ -417,7 +425,8 @@ def upcast_edits(
         for i, operand in enumerate(operands)
         if i not in uncast_operands and not _holds_any(operand, region_ops)
         for edit in upcast_operand(
-            source, operand, inside, numbers, torch_names, fp32_modules=fallback
+            source, operand, inside, numbers, torch_names, fp32_modules=fp32_modules,
+            matmul_results=matmul_results,
         )
     ]
 

@@ -67,6 +67,16 @@ def decode_source(path: Path, raw: bytes) -> Source:
     return Source(path=path, text=text, encoding=codec, bom=bom)
 
 
+def parse_source(path: Path) -> tuple[Source, ast.Module] | None:
+    """``path`` read (``read_source``) and parsed; None when it cannot be read, decoded or
+    parsed (a fix then offers no edit for it)."""
+    try:
+        source = read_source(path)
+        return source, ast.parse(source.text)
+    except (SourceError, SyntaxError, ValueError):
+        return None
+
+
 def split_lines(text: str) -> list[str]:
     """Split on ``\\r\\n``, ``\\r`` and ``\\n`` only (as Python does), keeping the endings."""
     return _LINE.findall(text)
