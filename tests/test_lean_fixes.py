@@ -323,3 +323,52 @@ def test_half_mode_scores_go_back_to_fp16_at_the_softmax(tmp_path: Path) -> None
     attention = 2 * (2 * 2 * 8 * 8 * 32)
     assert fix.cost is not None
     assert fix.cost.added_matmul_share == pytest.approx((attention / 2) / (linears + attention))
+
+
+# --- a fix that moves most of the model ranks after a cheaper one, an unsafe one included ------
+
+
+def _mask_buffer_model(tmp_path: Path) -> Path:
+    """Half mode, ``scores + (1 - m) * self.neg`` with a -1e9 buffer (-inf after ``.half()``):
+    -1e4 verifies but moves the FP32 loss by 9.1% (beyond the 5% tolerance); the kept module
+    verifies and moves 91.7% of the matmul FLOPs to FP32."""
+    from tests.fix_shapes.generator import build
+
+    model = build("mask", "additive", "tensor_attr", "half", 1)
+    return model.write(tmp_path)
+
+
+def test_the_kept_module_that_moves_most_of_the_model_ranks_after_the_unsafe_constant(
+    tmp_path: Path,
+) -> None:
+    finding = next(f for f in _scan(_mask_buffer_model(tmp_path), "half").findings
+                   if f.code == "NH005")
+    assert finding.fix is not None and not finding.fix.edits  # the rule's advice
+    constant, kept = finding.fix.alternatives[:2]
+    assert constant.title.startswith("Use -1e4 instead of -1.00e+09")
+    assert constant.applicability is Applicability.UNSAFE and constant.verified is True
+    assert not constant.measured_harmless
+    assert constant.fp32_loss_change == pytest.approx(0.091, abs=0.005)
+    assert kept.title.startswith("Keep ") and kept.verified is True
+    assert kept.cost is not None and kept.cost.most_of_the_model
+
+
+def test_fix_takes_the_safe_one_and_names_the_cheaper_unsafe_one(tmp_path: Path) -> None:
+    path = _mask_buffer_model(tmp_path)
+    result = runner.invoke(app, ["scan", str(path), "--fix", "--no-backup", "--mode", "half"])
+    assert result.exit_code == 0, result.stderr
+    assert "NH005: a cheaper, unsafe fix was not taken (Use -1e4 instead of -1.00e+09" in (
+        result.stderr
+    )
+    assert "--unsafe-fixes takes it" in result.stderr
+    assert "def _apply(" in path.read_text() and "torch.tensor(-1e9)" in path.read_text()
+
+
+def test_unsafe_fixes_takes_the_cheaper_constant(tmp_path: Path) -> None:
+    path = _mask_buffer_model(tmp_path)
+    result = runner.invoke(
+        app, ["scan", str(path), "--fix", "--unsafe-fixes", "--no-backup", "--mode", "half"]
+    )
+    assert result.exit_code == 0, result.stderr
+    text = path.read_text()
+    assert "torch.tensor(-1e4)" in text and "_apply" not in text

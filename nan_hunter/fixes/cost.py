@@ -96,10 +96,14 @@ def safety(fix: Fix) -> int:
     return 0 if fix.measured_harmless else _SAFETY[fix.applicability]
 
 
-def rank(fix: Fix) -> tuple[int, float, float, int]:
-    """The order of a finding's verified candidates: safest, then cheapest, then smallest."""
+def rank(fix: Fix) -> tuple[bool, int, float, float, int]:
+    """The order of a finding's verified candidates: safest, then cheapest, then smallest;
+    but one that moves most of the model to FP32 (``FixCost.most_of_the_model``) after every
+    cheaper one, an unsafe one included. ``--fix`` without ``--unsafe-fixes`` still takes the
+    safe one then, and names the cheaper unsafe one it passed over (``select``)."""
+    heavy = fix.cost is not None and fix.cost.most_of_the_model
     cost = fix.cost.rank if fix.cost is not None else (1.0, 1.0)
-    return (safety(fix), *cost, diff_size(fix))
+    return (heavy, safety(fix), *cost, diff_size(fix))
 
 
 def covers(wider: Fix, narrower: Fix) -> bool:
