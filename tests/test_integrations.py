@@ -65,7 +65,8 @@ def test_trainer_callback_reports_the_step_module_and_line_and_stops(
     report = tmp_path / f"nan_hunter_step{BAD_STEP + 1}.txt"
     assert [r.getMessage() for r in caplog.records if r.name == "nan_hunter"] == [
         f"nan-hunter: training step {BAD_STEP + 1}: non_finite_loss; NH101 "
-        f"torch.nn.functional.linear in fc1 at {MODEL_FILE}:{LINE}; report {report}",
+        f"torch.nn.functional.linear in fc1 at {MODEL_FILE}:{LINE} (precision problem); "
+        f"report {report}",
         f"nan-hunter: {BAD_STEP + 1} optimizer steps checked, 1 problem step (the first at "
         f"step {BAD_STEP + 1})",
     ]

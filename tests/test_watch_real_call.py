@@ -4,8 +4,10 @@ outputs, the weights before a skipped update; and it says so on the log."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,7 +140,8 @@ def test_a_problem_is_logged_as_a_warning_in_a_single_process(
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
-        "nan-hunter: training step 0: non_finite_loss; the re-run of the step is clean"
+        "nan-hunter: training step 0: non_finite_loss; the re-run of the step is clean "
+        "(not reproducible)"
     )
 
 
@@ -213,3 +216,43 @@ def test_a_library_models_report_is_named_after_the_script(
     assert report.target.notes[-1] == (
         f"the model's class LibModel is defined in {(library / 'libmodel.py').resolve()}"
     )
+
+
+def test_watch_says_the_verdict_on_the_cause_as_run_does(tmp_path: Path) -> None:
+    """An FP16 overflow in the Linear (inputs of 3000 times weights of ~0.75, summed over 32
+    features: 7e4): the one re-run reproduces it, finite in FP32: a precision problem, in the
+    event's report, its log line and the JSON ``watch`` writes; a NaN in the inputs is a real
+    bug."""
+    from tests.training_models import OVERFLOW, Tiny
+
+    torch.manual_seed(0)
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    output = tmp_path / "nan.json"
+    with watch(model, optimizer, output=output) as w:
+        x = torch.full((2, 32), OVERFLOW)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x)["logits"].float().mean()
+        loss.backward()
+        optimizer.step()
+        event = w.step(x, loss)
+    assert event is not None and event.report is not None
+    training = event.report.training
+    assert training is not None and training.verdict is not None
+    assert training.verdict.value == "precision_problem"
+    assert training.evidence[0].startswith("the re-run in float16 reproduces it at NH10")
+    assert (training.steps_checked, training.problem_step) == (0, 1)
+    written = json.loads(output.read_text())["training"]
+    assert written["verdict"] == "precision_problem"
+
+    torch.manual_seed(0)
+    model = Tiny()
+    with watch(model) as w:
+        x = torch.randn(2, 32)
+        x[0, 0] = float("nan")
+        loss = model(x)["logits"].mean()
+        event = w.step(x, loss)
+    assert event is not None and event.report is not None
+    training = event.report.training
+    assert training is not None and training.verdict is not None
+    assert training.verdict.value == "real_bug"

@@ -81,7 +81,8 @@ class StepsResult:
 
 
 def summary_line(event: WatchEvent) -> str:
-    """One line for a log: step, rank, reason, and the origin's first finding."""
+    """One line for a log: step, rank, reason, the origin's first finding and the verdict on
+    the cause."""
     ranks = f" on {event.world_size} ranks" if event.world_size > 1 else ""
     origin = (
         f", origin rank {event.origin_rank}"
@@ -95,6 +96,9 @@ def summary_line(event: WatchEvent) -> str:
         line += f"; {first.code} {first.op or 'input'}{module}{at}"
     elif event.report is not None:
         line += "; the re-run of the step is clean"
+    training = event.report.training if event.report is not None else None
+    if training is not None and training.verdict is not None:
+        line += f" ({training.verdict.label})"
     if event.report_path:
         line += f"; report {event.report_path}"
     return line

@@ -43,6 +43,7 @@ from torch.utils.hooks import RemovableHandle
 from nan_hunter.core.batch import LossFn
 from nan_hunter.core.safe_write import write_file
 from nan_hunter.errors import ConfigError, first_line
+from nan_hunter.findings import TrainingSteps
 from nan_hunter.project.config import Settings
 from nan_hunter.project.options import settings_with
 from nan_hunter.trace import torch_originals as real
@@ -53,6 +54,7 @@ from nan_hunter.training.checks import (
     scaler_active,
 )
 from nan_hunter.training.clipping import FIX, ClipGuard, WatchWarning, gradients_scaled
+from nan_hunter.training.diagnosis import Repeats, StepSeen, diagnose
 from nan_hunter.training.distributed import (
     OK,
     OWN,
@@ -80,6 +82,7 @@ from nan_hunter.training.rerun import (
     KeeperHandle,
     ModelCall,
     StepPrecision,
+    pick_call,
     reaches_parameters,
 )
 from nan_hunter.training.step_verdict import Problem, Reason, step_verdict
@@ -424,9 +427,28 @@ class Watcher:
             return Rerun(None, REPLACED_MODEL, snapshot is not None or skipped)
         self._busy = True  # the re-run's own forward and optimizer calls are not the loop's
         try:
-            return self._rerun_step().run(batch, self._calls, scale, snapshot, skipped, full_state)
+            rerun = self._rerun_step().run(
+                batch, self._calls, scale, snapshot, skipped, full_state
+            )
         finally:
             self._busy = False
+        return self._with_verdict(rerun, problem)
+
+    def _with_verdict(self, rerun: Rerun, problem: Problem) -> Rerun:
+        """The re-run's report with the verdict on the step's cause (``training.diagnosis``),
+        from what the step showed and its one re-run, in ``report.training``."""
+        if rerun.report is None:
+            return rerun
+        seen = StepSeen.of(pick_call(self._calls), problem)
+        model = type(self.module).__name__
+        verdict, evidence = diagnose(rerun.report, seen, Repeats(model))
+        training = TrainingSteps(
+            steps_checked=self.steps - 1, problem_step=self.steps, verdict=verdict,
+            evidence=evidence,
+        )
+        return dataclasses.replace(
+            rerun, report=dataclasses.replace(rerun.report, training=training)
+        )
 
     def _finish(self, event: WatchEvent) -> WatchEvent:
         if self._scanned < self.max_reports:
