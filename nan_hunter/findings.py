@@ -76,6 +76,9 @@ class StepVerdict(str, enum.Enum):
     """The step's model outputs were finite and its re-run is too: the non-finite values came
     in after the forward (the loss computed outside the model, a gradient hook, another
     rank)."""
+    FORECAST = "overflow_forecast"
+    """No value was non-finite yet: the forecast of the sampled range map says a module
+    overflows before the next sample (``run --stop-before-overflow``)."""
 
     @property
     def label(self) -> str:
@@ -87,6 +90,7 @@ _VERDICT_LABELS = {
     StepVerdict.REAL_BUG: "real bug",
     StepVerdict.NOT_REPRODUCIBLE: "not reproducible",
     StepVerdict.OUTSIDE: "outside the model's forward",
+    StepVerdict.FORECAST: "overflow forecast",
 }
 
 
@@ -340,6 +344,38 @@ class ReproBundle:
 
 
 @dataclass(frozen=True)
+class RangeTrend:
+    """A module whose largest forward value grows steadily toward the format's limit over the
+    sampled steps of a run (``nan-hunter run``'s forecast, ``training.forecast``)."""
+
+    module: str
+    steps: tuple[int, ...]
+    """The sampled optimizer steps the trend is fitted on."""
+    abs_max: tuple[float, ...]
+    """The module's forward max |x| at each of them."""
+    grad_abs_max: tuple[float | None, ...]
+    """The backward max |g| at its outputs, at the loss scale (None: no gradient reached it)."""
+    tiny_share: tuple[float | None, ...]
+    """The share of its nonzero low-precision values below the smallest normal (None: its
+    outputs were not low precision)."""
+    doubling_steps: float
+    """Optimizer steps for max |x| to double, by the log-linear fit."""
+    overflow_step: int | None
+    """The step at which the fit reaches ``limit``."""
+    limit: float
+    fmt: str
+
+    def line(self) -> str:
+        """``head.proj doubles every ~180 steps (max |x| 1.20e+04 at step 900): at this rate it
+        overflows float16 around step 1,240``."""
+        return (
+            f"{self.module} doubles every ~{self.doubling_steps:,.0f} steps (max |x| "
+            f"{self.abs_max[-1]:.3g} at step {self.steps[-1]:,}): at this rate it overflows "
+            f"{self.fmt} around step {self.overflow_step:,}"
+        )
+
+
+@dataclass(frozen=True)
 class TrainingSteps:
     """What ``nan-hunter run`` checked of a training script: the ``training`` object of the
     JSON report (absent from ``scan``'s reports)."""
@@ -359,6 +395,11 @@ class TrainingSteps:
 
     repro: ReproBundle | None = None
     """The reproduction bundle of the problem step (``--save-repro``), when one was tried."""
+    forecast: tuple[RangeTrend, ...] = ()
+    """The modules forecast to overflow from the sampled steps, the earliest first."""
+    samples: int = 0
+    """The steps whose range map was sampled for the forecast (0: the forecast was off or no
+    step was sampled)."""
 
     @property
     def nothing_checked(self) -> bool:

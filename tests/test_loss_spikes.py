@@ -46,3 +46,33 @@ def test_non_finite_zero_and_negative_losses_and_medians_are_not_judged() -> Non
 def test_a_rule_that_cannot_work_is_refused(rule: dict[str, float], message: str) -> None:
     with pytest.raises(NanHunterError, match=f"^{message}$".replace("-", r"\-")):
         SpikeRule(**rule)  # type: ignore[arg-type]
+
+
+def _run_critic(*options: str, spike_at: int = 0) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from nan_hunter.cli import app
+    from tests.conftest import ROOT
+
+    script = str(ROOT / "tests" / "run_scripts" / "critic_train.py")
+    result = CliRunner().invoke(app, ["run", "--no-save-repro", *options, script,
+                                      "--spike-at", str(spike_at)])
+    return result.exit_code, result.stderr
+
+
+def test_each_optimizer_has_its_own_median() -> None:
+    """Five critic steps (loss ~0.01) per generator step (loss ~1): with one running median
+    for both, every generator step was 100x the critic's median, a "spike"."""
+    code, stderr = _run_critic()
+    assert code == 0, stderr
+    assert "running median" not in stderr
+    assert "120 optimizer steps checked, no problem" in stderr
+
+
+def test_a_real_spike_of_one_optimizer_is_named_with_it() -> None:
+    code, stderr = _run_critic("--spikes-are-problems")
+    assert code == 0 and "running median" not in stderr
+    code, stderr = _run_critic(spike_at=15)
+    assert code == 0, stderr
+    (line,) = [ln for ln in stderr.splitlines() if "running median" in ln]
+    assert line.startswith("nan-hunter: warning: training step 90: optimizer 2 (SGD): the loss ")

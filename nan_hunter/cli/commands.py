@@ -114,6 +114,8 @@ def run(
     spike_window: o.SpikeWindow = 50,
     spike_warmup: o.SpikeWarmup = 10,
     spikes_are_problems: o.SpikesAreProblems = False,
+    forecast_every: o.ForecastEvery = 50,
+    stop_before_overflow: o.StopBeforeOverflow = False,
 ) -> None:
     """Run a training script unmodified; re-run and report its first step that breaks."""
     request = {**locals(), "args": args or []}

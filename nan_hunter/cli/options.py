@@ -326,6 +326,22 @@ SpikeWindow = Annotated[
 SpikeWarmup = Annotated[
     int, typer.Option("--spike-warmup", min=1, help="Losses seen before any is judged a spike.")
 ]
+ForecastEvery = Annotated[
+    int,
+    typer.Option(
+        "--forecast-every", min=0,
+        help="Sample the range map (each module's max |x|) every N optimizer steps and warn "
+        "when its trend reaches the format's limit within the run; 0 turns it off.",
+    ),
+]
+StopBeforeOverflow = Annotated[
+    bool,
+    typer.Option(
+        "--stop-before-overflow",
+        help="An overflow the forecast puts before the next sample is a problem step (report, "
+        "re-run, --on-problem) while every value is still finite.",
+    ),
+]
 SpikesAreProblems = Annotated[
     bool,
     typer.Option(

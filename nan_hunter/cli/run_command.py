@@ -62,6 +62,8 @@ class RunRequest:
     spike_window: int = 50
     spike_warmup: int = 10
     spikes_are_problems: bool = False
+    forecast_every: int = 50
+    stop_before_overflow: bool = False
 
 
 def run_script(request: RunRequest) -> None:
@@ -106,6 +108,9 @@ def run_script(request: RunRequest) -> None:
         refuse_overwrite(output, patch, protected)
         repro = _repro_folder(request)
         spikes = _spike_rule(request)
+        if request.stop_before_overflow and request.forecast_every == 0:
+            raise NanHunterError("--stop-before-overflow needs the forecast (--forecast-every "
+                                 "above 0)")
     except NanHunterError as exc:
         raise fail(str(exc)) from None
     given = frozenset(
@@ -124,6 +129,8 @@ def run_script(request: RunRequest) -> None:
             repro=not request.no_save_repro, repro_folder=repro,
             repro_max_mb=request.repro_max_mb, spikes=spikes,
             spikes_are_problems=request.spikes_are_problems,
+            forecast_every=request.forecast_every,
+            stop_before_overflow=request.stop_before_overflow,
         )
         command = [sys.executable, "-c", BOOT, str(Path(_HOME).parent), job.encode(), *args]
         code = _wait(command)

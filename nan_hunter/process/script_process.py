@@ -74,6 +74,9 @@ class RunJob:
     spikes: SpikeRule | None = None
     """The loss spike rule; None: off."""
     spikes_are_problems: bool = False
+    forecast_every: int = 50
+    """Optimizer steps between two samples of the range map for the forecast; 0: off."""
+    stop_before_overflow: bool = False
 
     def encode(self) -> str:
         return base64.b64encode(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)).decode()
@@ -111,6 +114,7 @@ def run(job: RunJob, args: list[str]) -> int:
     import signal
 
     from nan_hunter.training.attach import ScriptWatch, StopRun
+    from nan_hunter.training.forecast import ForecastRule
     from nan_hunter.training.hook_failures import EXIT_INTERNAL
 
     if job.script is not None:
@@ -127,6 +131,7 @@ def run(job: RunJob, args: list[str]) -> int:
         job.settings, state.on_problem, max_steps=job.max_steps,
         precision_given=job.precision_given, on_warning=state.on_warning,
         keep_repro=job.repro, spikes=job.spikes, spikes_are_problems=job.spikes_are_problems,
+        forecast=ForecastRule(job.forecast_every, job.stop_before_overflow),
     )
     state.watch = watch
     os.register_at_fork(after_in_child=state.forked)
@@ -456,6 +461,11 @@ class _State:
             line += f", {watch.problems} problem step{'s' * (watch.problems != 1)}{at}"
         else:
             line += ", no problem"
+        trends = watch.forecast.trends()
+        if trends:
+            line += f"; forecast: {trends[0].line()}"
+            if len(trends) > 1:
+                line += f" (and {len(trends) - 1} more module{'s' * (len(trends) > 2)})"
         spikes = watch.spikes_seen
         if len(spikes) > 1:
             line += (f", {len(spikes)} loss spikes (steps {spikes[0]} to {spikes[-1]}; the first "
@@ -504,7 +514,8 @@ class _State:
         return Report(
             target=target, findings=(), ops=0, backward_nodes=0, propagated=0,
             seconds=time.perf_counter() - self.started,
-            training=TrainingSteps(watch.steps, losses_checked=watch.losses_only),
+            training=TrainingSteps(watch.steps, losses_checked=watch.losses_only,
+                                   **watch.forecast_fields()),
         )
 
 

@@ -4,9 +4,10 @@
 
 Sections, in order: the range map as a chart (modules down, log10 |x| across; FP16's normal
 range shaded, its overflow limit and BF16's marked; forward and backward side by side; the
-culprit's row highlighted), the loss-scale window, every finding (source line, FP32 verdict,
-fix and diff), and what was not checked. Repeated blocks are one row of the chart
-(``layers.0-11.attn``); every module is in the table under it.
+culprit's row highlighted), the loss-scale window, ``nan-hunter run``'s forecast (the sampled
+max |x| of the modules whose trend reaches the limit, the fit continued to it), every finding
+(source line, FP32 verdict, fix and diff), and what was not checked. Repeated blocks are one
+row of the chart (``layers.0-11.attn``); every module is in the table under it.
 
 Every text from the model (module names, messages, source lines, paths) goes through ``_t``
 (control characters shown escaped, then ``html.escape``), in text and in attributes alike; a
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from nan_hunter.core.range_map import Extent, RangeMap
 from nan_hunter.core.untrusted import shown, shown_lines
-from nan_hunter.findings import Failed, Finding, Phase, Report, scale_text
+from nan_hunter.findings import Failed, Finding, Phase, RangeTrend, Report, scale_text
 from nan_hunter.precision.scale_window import ScaleWindow, scale_advice
 from nan_hunter.report.paths import display_path
 from nan_hunter.report.range_map import (
@@ -131,6 +132,8 @@ def _report_body(report: Report, key: str = "") -> str:
     if report.range_map is not None:
         sections.append(_range_section(report, report.range_map))
     sections.append(_scale_section(report))
+    if report.training is not None and report.training.forecast:
+        sections.append(_forecast_section(report.training.forecast))
     sections.append(_findings_section(report))
     sections.append(_unchecked_section(report))
     body = "\n".join(sections)
@@ -339,6 +342,72 @@ def _scale_chart(window: ScaleWindow) -> str:
             f"init_scale 2**{window.recommended}</title></line>"
             f"<text x=\"{x - 4}\" y=\"66\" text-anchor=\"end\">recommended</text>"
         )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# -- the forecast (nan-hunter run) ----------------------------------------------------------
+
+_FORECAST_CHARTS = 3
+"""Charts drawn: the modules forecast to overflow first."""
+
+
+def _forecast_section(trends: Sequence[RangeTrend]) -> str:
+    charts = "".join(
+        f"<h3>{_t(t.module)}</h3><p>{_t(t.line())}.</p>{_trend_chart(t, i)}"
+        for i, t in enumerate(trends[:_FORECAST_CHARTS])
+    )
+    more = len(trends) - _FORECAST_CHARTS
+    rest = f"<p class=\"muted\">{more} more module(s) forecast later.</p>" if more > 0 else ""
+    return ("<section id=\"forecast\"><h2>Forecast</h2><p>The sampled forward max |x| of the "
+            "modules whose trend reaches the format's limit, the fitted line continued to it."
+            f"</p>{charts}{rest}</section>")
+
+
+def _trend_chart(t: RangeTrend, index: int) -> str:
+    """Steps across, log2 max |x| up: the samples, the fit continued to the limit (dashed)."""
+    width, height, left, right, top, bottom = 760, 180, 56, 16, 10, 28
+    end = max(t.overflow_step or t.steps[-1], t.steps[-1])
+    x0, x1 = t.steps[0], max(end, t.steps[0] + 1)
+    ys = [math.log2(v) for v in t.abs_max if v > 0]
+    y0, y1 = math.floor(min(ys)) - 1, math.ceil(math.log2(t.limit)) + 1
+
+    def px(step: float) -> float:
+        return round(left + (step - x0) / (x1 - x0) * (width - left - right), 1)
+
+    def py(log2v: float) -> float:
+        return round(top + (y1 - log2v) / (y1 - y0) * (height - top - bottom), 1)
+
+    limit = py(math.log2(t.limit))
+    parts = [
+        f"<svg id=\"forecast-{index}\" xmlns=\"http://www.w3.org/2000/svg\" "
+        f"viewBox=\"0 0 {width} {height}\" width=\"{width}\" height=\"{height}\" role=\"img\" "
+        f"aria-label=\"forecast of {_t(t.module)}\">",
+        f"<line class=\"limit\" x1=\"{left}\" y1=\"{limit}\" x2=\"{width - right}\" "
+        f"y2=\"{limit}\"><title>{_t(t.fmt)} max {format_number(t.limit)}</title></line>",
+        f"<text x=\"{left - 4}\" y=\"{limit + 4}\" text-anchor=\"end\">"
+        f"{format_number(t.limit)}</text>",
+    ]
+    points = " ".join(f"{px(s)},{py(math.log2(v))}" for s, v in zip(t.steps, t.abs_max,
+                                                                     strict=True) if v > 0)
+    parts.append(f"<polyline points=\"{points}\" fill=\"none\" stroke=\"#3b6fb6\" "
+                 "stroke-width=\"2\"/>")
+    for s, v in zip(t.steps, t.abs_max, strict=True):
+        if v > 0:
+            parts.append(f"<circle cx=\"{px(s)}\" cy=\"{py(math.log2(v))}\" r=\"3\" "
+                         f"fill=\"#3b6fb6\"><title>step {s}: {format_number(v)}</title></circle>")
+    if t.overflow_step is not None:
+        last = math.log2(t.abs_max[-1]) if t.abs_max[-1] > 0 else y0
+        parts.append(
+            f"<line x1=\"{px(t.steps[-1])}\" y1=\"{py(last)}\" x2=\"{px(t.overflow_step)}\" "
+            f"y2=\"{limit}\" stroke=\"#b3261e\" stroke-dasharray=\"5 3\"><title>overflow "
+            f"around step {t.overflow_step}</title></line>"
+            f"<text x=\"{px(t.overflow_step)}\" y=\"{limit - 6}\" text-anchor=\"end\">"
+            f"step {t.overflow_step}</text>"
+        )
+    for s in (x0, x1):
+        parts.append(f"<text x=\"{px(s)}\" y=\"{height - 8}\" text-anchor=\"middle\">"
+                     f"{s}</text>")
     parts.append("</svg>")
     return "".join(parts)
 

@@ -193,6 +193,19 @@ def training_object(run: TrainingSteps) -> dict[str, Any]:
         repro = run.repro
         training["repro"] = {"path": repro.path, "bytes": repro.size_bytes,
                              "written": repro.written, "note": repro.note}
+    if run.samples:
+        training["samples"] = run.samples
+        training["forecast"] = [
+            {
+                "module": t.module, "steps": list(t.steps),
+                "abs_max": [_finite_or_none(v) for v in t.abs_max],
+                "grad_abs_max": [_finite_or_none(v) for v in t.grad_abs_max],
+                "tiny_share": list(t.tiny_share),
+                "doubling_steps": t.doubling_steps, "overflow_step": t.overflow_step,
+                "limit": t.limit, "message": t.line(),
+            }
+            for t in run.forecast
+        ]
     return training
 
 

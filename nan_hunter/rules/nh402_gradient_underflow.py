@@ -219,7 +219,11 @@ def _boundaries(
         finding = advice_finding(
             rule, event, phase=Phase.BACKWARD, message=message, fix_title=title, stats=False,
         )
-        found.append(dataclasses.replace(finding, modules=(module,) if module else ()))
+        # the consumer may be the scan's own loss (``run``'s re-run: no line of the user's):
+        # the line that produced the FP16 output then
+        where = finding.location or (producer.location if producer is not None else None)
+        found.append(dataclasses.replace(finding, modules=(module,) if module else (),
+                                         location=where))
     return found
 
 

@@ -52,6 +52,7 @@ from nan_hunter.core.spikes import SpikeRule, SpikeWatch
 from nan_hunter.engine.pass_state import rng_state
 from nan_hunter.errors import InternalError, NanHunterError, first_line
 from nan_hunter.findings import Report, TrainingSteps
+from nan_hunter.precision.formats import format_for
 from nan_hunter.project.config import Settings
 from nan_hunter.project.loader import unwrap_model
 from nan_hunter.trace import torch_originals as real
@@ -82,6 +83,7 @@ from nan_hunter.training.distributed import (
     scanning_ranks,
 )
 from nan_hunter.training.events import RunEvent
+from nan_hunter.training.forecast import Forecast, ForecastRule, RangeSampler, within
 from nan_hunter.training.hook_failures import WatchFailed, script_entry
 from nan_hunter.training.model_copy import (
     gather_full_state,
@@ -129,6 +131,7 @@ class ScriptWatch:
         keep_repro: bool = False,
         spikes: SpikeRule | None = None,
         spikes_are_problems: bool = False,
+        forecast: ForecastRule | None = None,
     ) -> None:
         self.settings = settings
         self.on_warning = on_warning
@@ -180,9 +183,18 @@ class ScriptWatch:
         """Keep each call's RNG states and hand ``on_problem`` a ``ReproSource`` (--save-repro)."""
         self.spikes = SpikeWatch(spikes) if spikes is not None else None
         """The spike rule on each optimizer step's loss; None: off."""
+        self._spike_watches: dict[int, SpikeWatch] = {}
+        """Each optimizer's running median of its losses (by id)."""
         self.spikes_are_problems = spikes_are_problems
         self.spikes_seen: list[int] = []
         """The steps whose loss was a spike (warned about once, at the first)."""
+        self.forecast_rule = forecast if forecast is not None and forecast.every > 0 else None
+        fmt = format_for(settings.dtype)
+        self._sampler = RangeSampler(fmt.smallest_normal)
+        self.forecast = Forecast(fmt.max, fmt.name)
+        """The sampled range map and its trend (``training.forecast``)."""
+        self.forecasts_said: list[str] = []
+        """The modules whose forecast overflow was warned about (once each)."""
 
     # ------------------------------------------------------------------ install / remove
 
@@ -216,6 +228,7 @@ class ScriptWatch:
             for handle in handles:
                 handle.remove()
         finally:
+            self._sampler.detach()
             for guard in guards.values():
                 guard.remove()
             for patch in patches:
@@ -245,6 +258,10 @@ class ScriptWatch:
             return  # a loss module, an activation called on its own
         # the generators' state, for a re-run with the same dropout masks (a copy of ~5 KB)
         self._local.pending = (module, StepPrecision.now(module, args), rng_state())
+        rule = self.forecast_rule
+        if (rule is not None and self.optimizers_seen and self.steps % rule.every == 0
+                and not self._sampler.pending):
+            self._sampler.attach(module)  # this step's first model call: sampled
 
     @script_entry("the module forward hook")
     def _post_forward(self, module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
@@ -256,6 +273,7 @@ class ScriptWatch:
         if depth or pending is None or pending[0] is not module:
             return
         self._local.pending = None
+        self._sampler.detach()  # the backward's hooks are on the outputs: the rest not sampled
         if output is None:
             return  # the forward raised (always_call)
         call = ModelCall(module, args, dict(kwargs), pending[1], rng=pending[2],
@@ -378,7 +396,10 @@ class ScriptWatch:
             bad_grads=lambda: bad_optimizer_grads(optimizer),
         )
         if loss_read is not None and problem is None:
-            problem = self._spike(loss_read)
+            problem = self._spike(loss_read, optimizer=optimizer)
+        forecast = self._sampled(self.steps + 1)
+        if problem is None:
+            problem = forecast
         if problem is not None:
             self._losses = []  # checked: the GradScaler's update does not count them again
             self._set_grads_aside(optimizer)  # this update is skipped (restored after it)
@@ -484,7 +505,7 @@ class ScriptWatch:
                 bad_grads=lambda: "",
             )
         else:
-            problem = (self._spike(loss_read, step.number) if loss_read is not None
+            problem = (self._spike(loss_read, step.number, optimizer) if loss_read is not None
                        else None)
         if problem is None:
             return
@@ -524,7 +545,7 @@ class ScriptWatch:
             scale_problem=scale_problem, bad_grads=lambda: "",
         )
         if loss_read is not None and problem is None:
-            problem = self._spike(loss_read)
+            problem = self._spike(loss_read, optimizer=iteration[-1][1] if iteration else None)
         # the step it is about: the skipped one whose streak tripped, the first skipped one
         # (its loss), else the last of this update
         about = watch.tripped if scale_problem is not None else None
@@ -589,21 +610,62 @@ class ScriptWatch:
             total = total / scale.to(device, torch.float32)
         return total
 
-    def _spike(self, loss: float, step: int | None = None) -> Problem | None:
+    def _spike(
+        self, loss: float, step: int | None = None, optimizer: Any = None
+    ) -> Problem | None:
         """The spike rule on the step's loss (``step``: its number, when it is not the next
-        one): a warning, or a problem step with ``spikes_are_problems``."""
+        one): a warning, or a problem step with ``spikes_are_problems``. Each optimizer's
+        losses have their own running median: a GAN's generator and discriminator losses live
+        on different scales."""
         assert self.spikes is not None
-        spike = self.spikes.observe(self.steps + 1 if step is None else step, loss)
+        watch = self._spike_watches.get(id(optimizer))
+        if watch is None:
+            watch = self._spike_watches[id(optimizer)] = SpikeWatch(self.spikes.rule)
+        spike = watch.observe(self.steps + 1 if step is None else step, loss)
         if spike is None:
             return None
+        line = spike.line()
+        if len(self._optimizers) > 1 and optimizer is not None:
+            line = f"{self._label(optimizer)}: {line}"
         if self.spikes_are_problems:
-            return Problem(Reason.SPIKE, spike.line())
+            return Problem(Reason.SPIKE, line)
         self.spikes_seen.append(spike.step)
         if self.on_warning is not None and len(self.spikes_seen) == 1:
             # one line: a loss that keeps rising trips the rule step after step; the summary
             # counts the others
             self.on_warning(WatchWarning(code="loss_spike", step=spike.step,
-                                         message=spike.line(), fix=""))
+                                         message=line, fix=""))
+        return None
+
+    def forecast_fields(self) -> dict[str, Any]:
+        """``TrainingSteps``'s forecast fields: the trends so far, the steps sampled."""
+        return {"forecast": tuple(self.forecast.trends()), "samples": self.forecast.samples}
+
+    def _sampled(self, step: int) -> Problem | None:
+        """The sampled step's range map into the forecast (one host sync, on a sampled step
+        only): the first time a module is forecast to overflow within the run, a warning; with
+        ``stop_before``, an overflow forecast before the next sample is a problem step."""
+        if not self._sampler.pending:
+            return None
+        sample = self._sampler.collect(step)
+        rule = self.forecast_rule
+        if sample is None or rule is None:
+            return None
+        self.forecast.add(sample)
+        trends = self.forecast.trends()
+        if rule.stop_before and trends and trends[0].overflow_step is not None and (
+            trends[0].overflow_step <= step + rule.every
+        ):
+            return Problem(Reason.FORECAST, trends[0].line())
+        # one line for the module forecast to overflow first, and again only when another
+        # module takes its place (the others are in the summary and the report)
+        first = trends[0] if trends else None
+        if (first is not None and first.module not in self.forecasts_said
+                and within(first, step, self.max_steps)):
+            self.forecasts_said.append(first.module)
+            if self.on_warning is not None:
+                self.on_warning(WatchWarning(code="overflow_forecast", step=step,
+                                             message=first.line(), fix=""))
         return None
 
     def _first_bad_loss(self) -> torch.Tensor | None:
@@ -616,6 +678,8 @@ class ScriptWatch:
         """The step (or, with a GradScaler, the ``update()`` ending the optimizer steps
         counted) is over."""
         self._calls, self._losses = [], []
+        if self._sampler.pending:  # a step the check did not see (skipped by the GradScaler)
+            self._sampled(self.steps)
         if self.max_steps is not None and self.steps >= self.max_steps:
             raise StopRun(0)
 
@@ -677,7 +741,7 @@ class ScriptWatch:
                     target=dataclasses.replace(report.target, notes=notes),
                     training=dataclasses.replace(
                         verdict, steps_checked=before, problem_step=step,
-                        losses_checked=self.losses_only,
+                        losses_checked=self.losses_only, **self.forecast_fields(),
                     ),
                 )
             except NanHunterError as exc:

@@ -12,7 +12,9 @@ the evidence a person can check:
   counter that changed, inputs changed in place after the call);
 - *outside the model's forward*: only when the step's model outputs were finite and its re-run
   is too, and the non-finite values came in after the forward (the loss, the gradient reaching
-  the outputs, the parameters' gradients after the model's backward, another rank).
+  the outputs, the parameters' gradients after the model's backward, another rank);
+- *overflow forecast*: no value was non-finite yet, the sampled range map's trend reaches the
+  format's limit before the next sample (``run --stop-before-overflow``).
 
     seen = StepSeen.of(call, problem)              # host syncs: at a problem only
     before = plain_state(replay)
@@ -50,6 +52,8 @@ class StepSeen:
     grads_finite: bool | None
     """The parameters' gradients the optimizer was about to apply."""
     other_rank: bool = False
+    forecast: str = ""
+    """The forecast that made a finite step a problem (``--stop-before-overflow``)."""
 
     @classmethod
     def of(cls, call: ModelCall | None, problem: Problem) -> StepSeen:
@@ -69,6 +73,7 @@ class StepSeen:
                 else None
             ),
             other_rank=reason is Reason.OTHER_RANK,
+            forecast=problem.detail if reason is Reason.FORECAST else "",
         )
 
 
@@ -137,6 +142,13 @@ def diagnose(
     found = "nothing" if not report.active else (
         f"{len(report.active)} warning{'s' * (len(report.active) != 1)}"
     )
+    if seen.forecast:
+        return StepVerdict.FORECAST, (
+            "no value was non-finite yet: the sampled range map's trend reaches the format's "
+            "limit before the next sample",
+            f"the re-run of {repeats.model} from the step's inputs and weights finds no error "
+            f"({found}): its range map shows the headroom left",
+        )
     if seen.outputs_finite is True:
         entered = _entered_after(seen)
         if entered is not None:

@@ -26,6 +26,9 @@ class Reason(str, enum.Enum):
     SPIKE = "loss_spike"
     """The loss is finite but more than K times its running median (``run
     --spikes-are-problems``)."""
+    FORECAST = "overflow_forecast"
+    """The sampled range map forecasts an overflow before the next sample (``run
+    --stop-before-overflow``): the step itself is finite."""
     PREFLIGHT = "preflight_findings"
     """A framework callback's pre-flight scan of the first batch (before step 0) found errors."""
 
