@@ -85,6 +85,8 @@ from nan_hunter.training.distributed import (
 from nan_hunter.training.events import RunEvent
 from nan_hunter.training.forecast import Forecast, ForecastRule, RangeSampler, within
 from nan_hunter.training.hook_failures import WatchFailed, script_entry
+from nan_hunter.training.lost_updates import FIX as LOST_FIX
+from nan_hunter.training.lost_updates import LOST_SHARE, LostUpdates, UpdateSnapshot
 from nan_hunter.training.model_copy import (
     gather_full_state,
     replay_copy,
@@ -195,6 +197,9 @@ class ScriptWatch:
         """The sampled range map and its trend (``training.forecast``)."""
         self.forecasts_said: list[str] = []
         """The modules whose forecast overflow was warned about (once each)."""
+        self._update_snapshot: UpdateSnapshot | None = None
+        self.lost_updates: LostUpdates | None = None
+        """The first sampled update that low-precision weights mostly lost (warned once)."""
 
     # ------------------------------------------------------------------ install / remove
 
@@ -403,6 +408,10 @@ class ScriptWatch:
         if problem is not None:
             self._losses = []  # checked: the GradScaler's update does not count them again
             self._set_grads_aside(optimizer)  # this update is skipped (restored after it)
+        elif (self.forecast_rule is not None and self.lost_updates is None
+              and self.steps % self.forecast_rule.every == 0):
+            # on a sampled step: are the low-precision weights' updates lost to rounding?
+            self._update_snapshot = UpdateSnapshot.take(self._params(optimizer))
         if self._reported_at_backward:  # this step's loss was reported after its backward
             self._reported_at_backward = False
             return
@@ -425,6 +434,9 @@ class ScriptWatch:
         if self._busy:
             return
         self._restore_grads()
+        snapshot, self._update_snapshot = self._update_snapshot, None
+        if snapshot is not None:
+            self._check_updates(snapshot)
         if self._in_scaler is None:  # with a GradScaler, scaler.step counts it
             self.steps += 1
             self._step_done()
@@ -636,6 +648,17 @@ class ScriptWatch:
             self.on_warning(WatchWarning(code="loss_spike", step=spike.step,
                                          message=line, fix=""))
         return None
+
+    def _check_updates(self, snapshot: UpdateSnapshot) -> None:
+        """The sampled update of low-precision weights: a warning, once, when most of it was
+        lost to rounding (``training.lost_updates``)."""
+        lost = snapshot.compare(self.steps + 1)
+        if lost is None or lost.share < LOST_SHARE:
+            return
+        self.lost_updates = lost
+        if self.on_warning is not None:
+            self.on_warning(WatchWarning(code="lost_updates", step=lost.step,
+                                         message=lost.line(), fix=LOST_FIX))
 
     def forecast_fields(self) -> dict[str, Any]:
         """``TrainingSteps``'s forecast fields: the trends so far, the steps sampled."""

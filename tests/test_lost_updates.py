@@ -1,0 +1,58 @@
+"""Updates lost in low-precision weights (issue 39): ``nan-hunter run`` samples an optimizer
+step and says when ``w - lr * g`` rounded back to ``w`` for most weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nan_hunter.cli import app
+from nan_hunter.training.lost_updates import UpdateSnapshot
+from tests.conftest import ROOT
+
+SCRIPT = str(ROOT / "tests" / "run_scripts" / "low_precision_weights_train.py")
+runner = CliRunner()
+
+
+def test_the_snapshot_counts_elements_a_nonzero_gradient_did_not_move() -> None:
+    w = torch.nn.Parameter(torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.bfloat16))
+    w.grad = torch.tensor([1e-5, 0.5, 0.0, 1e-5], dtype=torch.bfloat16)
+    fp32 = torch.nn.Parameter(torch.ones(3))
+    fp32.grad = torch.full((3,), 1e-5)
+    snapshot = UpdateSnapshot.take([w, fp32])
+    assert snapshot is not None
+    with torch.no_grad():
+        w -= w.grad  # 1 - 1e-5 is 1.0 in BF16; 1 - 0.5 moves
+        fp32 -= fp32.grad
+    lost = snapshot.compare(7)
+    assert lost is not None
+    assert (lost.step, lost.lost, lost.updated, lost.parameters) == (7, 2, 3, 1)
+    assert lost.share == pytest.approx(2 / 3)
+    assert lost.line() == (
+        "the update left 66.7% of the 3 weights with a nonzero gradient unchanged (1 bfloat16 "
+        "parameter): w - lr * g rounds back to w in bfloat16, so training stalls without a NaN"
+    )
+    assert UpdateSnapshot.take([fp32]) is None  # FP32 weights: nothing to watch
+
+
+@pytest.mark.parametrize(("dtype", "share"), [("bfloat16", "99.8%"), ("float16", "96.4%")])
+def test_run_says_once_that_low_precision_weights_do_not_move(dtype: str, share: str) -> None:
+    result = runner.invoke(app, ["run", "--no-save-repro", "--dtype", dtype, SCRIPT,
+                                 "--dtype", dtype])
+    assert result.exit_code == 0, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if "rounds back" in ln]
+    assert lines == [
+        f"nan-hunter: warning: training step 1: the update left {share} of the 577 weights with "
+        f"a nonzero gradient unchanged (4 {dtype} parameters): w - lr * g rounds back to w in "
+        f"{dtype}, so training stalls without a NaN; fix: keep the parameters in FP32 (FP32 "
+        "master weights: train under torch.autocast instead of model.half()/.to(bfloat16)), or "
+        "use an optimizer with stochastic rounding or Kahan summation for low-precision weights"
+    ]
+
+
+def test_fp32_master_weights_under_autocast_are_not_flagged() -> None:
+    result = runner.invoke(app, ["run", "--no-save-repro", "--dtype", "bfloat16", SCRIPT,
+                                 "--master"])
+    assert result.exit_code == 0, result.stderr
+    assert "rounds back" not in result.stderr
