@@ -211,9 +211,7 @@ def _op_alone(
         return None
     path = Path(site.file).resolve()
     root = project_root(path)
-    fits = all(
-        s.abs_max is not None and s.abs_max <= c.fmt.max for s in c.reference.outputs
-    )
+    fits = _result_fits(c)
     consumers: tuple[OpEvent, ...] = ()
     if half_dtype is not None and not fits:
         consumers = _back_in_range_on_line(c, site)
@@ -246,6 +244,13 @@ def _op_alone(
     title = (f"Compute {c.event.op} alone in FP32 (autocast disabled for that call only{back}; "
              f"the rest of its statement stays in {c.fmt.name})")
     return make_fix(title, plan.applicability, patch.edits, root)
+
+
+def _result_fits(c: Candidate) -> bool:
+    """The culprit's FP32 result is within the format's range (it may be cast back)."""
+    return c.reference is not None and all(
+        s.abs_max is not None and s.abs_max <= c.fmt.max for s in c.reference.outputs
+    )
 
 
 def _heavy(event: OpEvent) -> bool:
@@ -281,9 +286,7 @@ def _elementwise_tail(
     cast_back: tuple[int, str] | None = None
     if half_dtype is not None:
         # a backward finding's forward ran in the format and was finite: its result fits
-        fits = not forward or (c.reference is not None and all(
-            s.abs_max is not None and s.abs_max <= c.fmt.max for s in c.reference.outputs
-        ))
+        fits = not forward or _result_fits(c)
         back = c.event if fits else next(
             (e for e in c.out_of_range_consumers if e.index in c.back_in_range), None
         )
