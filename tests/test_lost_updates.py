@@ -56,3 +56,23 @@ def test_fp32_master_weights_under_autocast_are_not_flagged() -> None:
                                  "--master"])
     assert result.exit_code == 0, result.stderr
     assert "rounds back" not in result.stderr
+
+
+def test_a_large_parameter_is_looked_at_through_an_even_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At most ``SAMPLED`` elements of each parameter are copied (a BF16 7B model's weights are
+    not doubled at the sampled step); the share is that of the sample."""
+    import nan_hunter.training.lost_updates as lost_updates
+
+    monkeypatch.setattr(lost_updates, "SAMPLED", 4)
+    w = torch.nn.Parameter(torch.ones(16, dtype=torch.bfloat16))
+    w.grad = torch.full((16,), 1e-5, dtype=torch.bfloat16)
+    w.grad[8:] = 0.5  # the second half moves
+    snapshot = UpdateSnapshot.take([w])
+    assert snapshot is not None
+    with torch.no_grad():
+        w -= w.grad
+    lost = snapshot.compare(1)
+    assert lost is not None
+    assert (lost.lost, lost.updated) == (2, 4)  # elements 0, 4 stayed; 8, 12 moved

@@ -5,7 +5,8 @@ torch.bfloat16)``, no FP32 master copy) loses every update smaller than half a u
 place of the weight: at BF16's 8 bits a weight of 1.0 ignores any step below 2**-9 (0.002), so
 training stalls with no NaN and no error. ``nan-hunter run`` looks at one optimizer step in
 ``--forecast-every``: before the update it copies the low-precision parameters that have a
-gradient (only those: an FP32 model costs nothing), after it counts the elements whose gradient
+gradient (only those: an FP32 model costs nothing; at most ``SAMPLED`` evenly spaced elements
+of each), after it counts the elements whose gradient
 was nonzero and whose value did not move (one host sync). When at least ``LOST_SHARE`` of them
 stayed put, it says so once, with the remedies: FP32 master weights (keep the parameters FP32
 and train under autocast), or an optimizer that rounds stochastically or keeps a Kahan
@@ -22,6 +23,9 @@ import torch
 LOST_SHARE = 0.5
 """The share of nonzero-gradient elements left unchanged by an update that is worth a
 warning."""
+SAMPLED = 1 << 16
+"""Elements looked at per parameter, evenly spaced: a copy of a 7B-parameter BF16 model's
+weights would double its memory at that step; this keeps it to a few MB."""
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -64,12 +68,13 @@ class UpdateSnapshot:
 
     @classmethod
     def take(cls, params: Iterable[torch.Tensor]) -> UpdateSnapshot | None:
-        """None when no parameter is low precision with a gradient (nothing to watch)."""
+        """None when no parameter is low precision with a gradient (nothing to watch). Up to
+        ``SAMPLED`` evenly spaced elements of each are copied."""
         kept = []
         with torch.no_grad():
             for p in params:
                 if p.dtype in _LOW and p.grad is not None and p.grad.dtype == p.dtype:
-                    kept.append((p, p.detach().clone(), p.grad.detach() != 0))
+                    kept.append((p, _sample(p).clone(), _sample(p.grad) != 0))
         return cls(kept) if kept else None
 
     def compare(self, step: int) -> LostUpdates | None:
@@ -78,7 +83,7 @@ class UpdateSnapshot:
         with torch.no_grad():
             counts = []
             for p, before, moving in self._kept:
-                still = (p.detach() == before) & moving
+                still = (_sample(p) == before) & moving
                 counts.append(torch.stack([still.sum(), moving.sum()]).to(torch.float64))
             device = counts[0].device
             lost, updated = (int(v) for v in torch.stack(
@@ -87,3 +92,10 @@ class UpdateSnapshot:
             return None
         dtype = str(self._kept[0][0].dtype).removeprefix("torch.")
         return LostUpdates(step, lost, updated, len(self._kept), dtype)
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    """``SAMPLED`` evenly spaced elements of ``t`` (all of a small one), as a view where it
+    can be."""
+    flat = t.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // SAMPLED)][:SAMPLED]
