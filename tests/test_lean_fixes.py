@@ -372,3 +372,20 @@ def test_unsafe_fixes_takes_the_cheaper_constant(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     text = path.read_text()
     assert "torch.tensor(-1e4)" in text and "_apply" not in text
+
+
+def test_the_cast_back_encloses_the_upcast_operands_at_the_same_offsets(tmp_path: Path) -> None:
+    """``a * b`` upcast and cast back: the opening parenthesis goes before ``a``'s cast, the
+    closing ``).to(...)`` after ``b``'s (the same offsets as the operands' own edits)."""
+    from nan_hunter.fixes.tail_upcast import build_tail_upcast_patch
+
+    path = tmp_path / "m.py"
+    path.write_text("def f(a, b):\n    h = a * b\n    return h\n")
+    patch = build_tail_upcast_patch(
+        path, [(2, "Tensor.__mul__", 2, frozenset())], relative_to=tmp_path,
+        cast_back=(2, "Tensor.__mul__"),
+    )
+    assert patch is not None
+    assert patch.new_source == (
+        "def f(a, b):\n    h = (a.float() * b.float()).to(a.dtype)\n    return h\n"
+    )

@@ -38,6 +38,7 @@ from nan_hunter.fixes.operands import (
     ATOMIC_OPERANDS,
     TextEdit,
     an_input,
+    apply_text_edits,
     binary_operator,
     dtype_of_an_input,
     find_op_node,
@@ -280,7 +281,7 @@ def _patch_text(
         # it hands on is the returned one, cast back there (no name to cast back after the
         # block). A value still out of range is cast back where its consumer in the caller
         # brings it back (below), never here. Of two insertions at one offset the later in the
-        # list lands first (``_apply_edits``): the parenthesis opening goes last, its closing
+        # list lands first (``apply_text_edits``): the parenthesis opening goes last, its closing
         # first, so both enclose the operands' own casts.
         value = last_stmt.value
         start, end = source.span(value)
@@ -288,7 +289,7 @@ def _patch_text(
             edits = [TextEdit(end, end, f".to({back})"), *edits]
         else:
             edits = [TextEdit(end, end, f").to({back})"), *edits, TextEdit(start, start, "(")]
-    lines = split_lines(_apply_edits(text, edits))
+    lines = split_lines(apply_text_edits(text, edits))
     if len(lines) != len(source.lines):
         return None
     indent = leading_indent(source, first_stmt)
@@ -378,11 +379,5 @@ def string_interior_lines(lines: list[str]) -> set[int] | None:
         return None
     return interior
 
-
-def _apply_edits(text: str, edits: list[TextEdit]) -> str:
-    """Apply non-overlapping edits right-to-left."""
-    for edit in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
-        text = text[: edit.start] + edit.replacement + text[edit.end :]
-    return text
 
 

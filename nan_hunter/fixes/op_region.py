@@ -38,6 +38,7 @@ from nan_hunter.fixes.autocast_region import INDENT_UNIT, RegionPatch, newline_o
 from nan_hunter.fixes.edits import edits_between, render_diff
 from nan_hunter.fixes.operands import (
     TextEdit,
+    apply_text_edits,
     binary_operator,
     find_op_node,
     upcast_edits,
@@ -141,8 +142,9 @@ def _plan(
     start, end = source.span(node)
     if any(not (start <= e.start and e.end <= end) for e in casts):
         return None
-    call = _applied(text[start:end], [TextEdit(e.start - start, e.end - start, e.replacement)
-                                      for e in casts])
+    call = apply_text_edits(
+        text[start:end], [TextEdit(e.start - start, e.end - start, e.replacement) for e in casts]
+    )
     name = _fresh_name(tree, op_name)
     if cast_back:
         operand = _named_operand(op_node, source)
@@ -196,12 +198,6 @@ def _deferred(stmt: ast.stmt, node: ast.AST) -> bool:
         ):
             return True
     return False
-
-
-def _applied(text: str, edits: list[TextEdit]) -> str:
-    for edit in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
-        text = text[: edit.start] + edit.replacement + text[edit.end :]
-    return text
 
 
 def _fresh_name(tree: ast.Module, op_name: str) -> str:

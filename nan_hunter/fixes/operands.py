@@ -53,6 +53,16 @@ class TextEdit:
     replacement: str
 
 
+def apply_text_edits(text: str, edits: Sequence[TextEdit]) -> str:
+    """``text`` with non-overlapping ``edits`` applied, right to left. Of two insertions at one
+    offset the later in the list lands first in the text: a closing ``).to(...)`` listed
+    before an operand's ``.float()`` ends after it, an opening ``(`` listed after it before
+    it."""
+    for edit in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
+        text = text[: edit.start] + edit.replacement + text[edit.end :]
+    return text
+
+
 def _walk(
     node: ast.AST, depth: int = 0, hidden: bool = False
 ) -> Iterator[tuple[ast.AST, int, bool]]:
@@ -364,7 +374,7 @@ def _aug_assign_edits(
         return [TextEdit(start, start + len(symbol) + 1, replacement), *cast]
     # ``x *= w + 1`` -> ``x = x.float() * (w.float() + 1)``: the value keeps its precedence.
     # Of two insertions at one offset, the later one in this list lands before the earlier
-    # (``_apply_edits``): the closing parenthesis comes before the leaves' edits and the
+    # (``apply_text_edits``): the closing parenthesis comes before the leaves' edits and the
     # opening one after them, so both enclose whatever a leaf adds at the value's ends.
     value_start, value_end = source.span(value)
     return [

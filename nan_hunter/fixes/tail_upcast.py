@@ -34,7 +34,13 @@ from collections.abc import Sequence
 
 from nan_hunter.fixes.autocast_region import RegionPatch
 from nan_hunter.fixes.edits import edits_between, render_diff
-from nan_hunter.fixes.operands import TextEdit, an_input, find_op_node, upcast_edits
+from nan_hunter.fixes.operands import (
+    TextEdit,
+    an_input,
+    apply_text_edits,
+    find_op_node,
+    upcast_edits,
+)
 from nan_hunter.fixes.source_file import (
     SourcePositions,
     compiles,
@@ -80,18 +86,20 @@ def build_tail_upcast_patch(
         lines.append(line)
     if not edits:
         return None
+    casts = list(edits.values())
+    applied = casts
     if cast_back is not None:
-        back = _cast_back(positions, tree, cast_back, list(edits.values()), lines)
+        back = _cast_back(positions, tree, cast_back, casts, lines)
         if back is None:
             return None
-        for e in back:
-            edits[(e.start, e.end, e.replacement)] = e
-    ordered = sorted(edits.values(), key=lambda e: (e.start, e.end))
+        opening, closing = back
+        # the closing ``).to(...)`` ends after a cast at the same offset, the opening ``(``
+        # starts before one (``apply_text_edits``)
+        applied = [closing, *casts, *([opening] if opening is not None else [])]
+    ordered = sorted(applied, key=lambda e: (e.start, e.end))
     if any(a.end > b.start for a, b in itertools.pairwise(ordered) if a.start != b.start):
         return None  # overlapping casts: not one edit
-    new_text = text
-    for e in reversed(ordered):
-        new_text = new_text[: e.start] + e.replacement + new_text[e.end :]
+    new_text = apply_text_edits(text, applied)
     if not compiles(new_text, str(path)):
         return None
     file_edits = edits_between(path, text, new_text)
@@ -110,9 +118,10 @@ def _cast_back(
     where: tuple[int, str],
     casts: list[TextEdit],
     lines: list[int],
-) -> list[TextEdit] | None:
-    """``(`` and ``).to(x.dtype)`` around the op at ``where``, ``x`` a tensor the casts start
-    from (``operands.an_input``); None when there is none or the op cannot be found."""
+) -> tuple[TextEdit | None, TextEdit] | None:
+    """``(`` (None after a call: ``f(...).to``) and ``).to(x.dtype)`` around the op at
+    ``where``, ``x`` a tensor the casts start from (``operands.an_input``); None when there is
+    none or the op cannot be found."""
     line, op = where
     located = locate(tree.body, line)
     if located is None or not isinstance(located.stmt, SIMPLE_STATEMENTS):
@@ -132,5 +141,5 @@ def _cast_back(
     if any(start < e.start < end and e.end > end for e in casts):
         return None
     if isinstance(node, ast.Call):  # ``weights.softmax(-1).to(q.dtype)``
-        return [TextEdit(end, end, f".to({name}.dtype)")]
-    return [TextEdit(start, start, "("), TextEdit(end, end, f").to({name}.dtype)")]
+        return None, TextEdit(end, end, f".to({name}.dtype)")
+    return TextEdit(start, start, "("), TextEdit(end, end, f").to({name}.dtype)")
