@@ -1156,10 +1156,9 @@ def minimal_share(model: GeneratedModel, base: Path) -> tuple[float | None, list
     from nan_hunter.fixes.verify import loss_change
     from nan_hunter.project.config import load_settings
 
-    plain = scan_file(str(model.write(base / "plain-again")),
-                      load_settings(overrides={"mode": model.mode}), verify=False)
     errors: list[str] = []
     notes: list[str] = []
+    plain: Report | None = None  # the original model's FP32 loss: scanned when first needed
     for name, files in (("minimal", model.minimal_files), ("fallback", model.fallback_files)):
         if files is None:
             continue
@@ -1167,7 +1166,12 @@ def minimal_share(model: GeneratedModel, base: Path) -> tuple[float | None, list
         if found:
             errors = errors or found
             continue
-        changed = None if model.minimal_changes_numerics else loss_change(plain, report)
+        changed = None
+        if not model.minimal_changes_numerics:
+            if plain is None:
+                plain = scan_file(str(model.write(base / "plain-again")),
+                                  load_settings(overrides={"mode": model.mode}), verify=False)
+            changed = loss_change(plain, report)
         if changed is None:
             return share, [], ""
         errors = []
