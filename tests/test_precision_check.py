@@ -4,11 +4,12 @@ fixed versions clean."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nan_hunter.findings import Report
+from nan_hunter.findings import Fix, Report
 from tests.conftest import FIXTURES, marker_line, scanned
 
 PRECISION = FIXTURES / "precision"
@@ -22,7 +23,37 @@ CASES = [
     ("half_cumsum", "bfloat16", {"mode": "half"}, "NH603", "Tensor.cumsum", "# <- accumulate"),
     ("half_cumsum", "float16", {"mode": "half"}, "NH603", "Tensor.cumsum", "# <- accumulate"),
     ("large_exp", "bfloat16", {}, "NH609", "torch.exp", "# <- amplify"),
+    ("variance_offset", "bfloat16", {}, "NH602", "Tensor.__sub__", "# <- cancel"),
+    ("variance_offset", "float16", {}, "NH602", "Tensor.__sub__", "# <- cancel"),
+    ("log_one_plus", "bfloat16", {}, "NH609", "torch.log", "# <- log"),
+    ("log_one_plus", "float16", {}, "NH609", "torch.log", "# <- log"),
+    ("exp_minus_one", "bfloat16", {"mode": "half"}, "NH602", "Tensor.__sub__", "# <- cancel"),
+    ("exp_minus_one", "float16", {"mode": "half"}, "NH602", "Tensor.__sub__", "# <- cancel"),
+    ("rotary_matmul", "bfloat16", {}, "NH601", "Tensor.__matmul__", "# <- positions"),
+    ("rotary_matmul", "float16", {}, "NH601", "Tensor.__matmul__", "# <- positions"),
+    ("half_token_sum", "bfloat16", {"mode": "half"}, "NH603", "Tensor.sum", "# <- accumulate"),
+    ("half_token_sum", "float16", {"mode": "half"}, "NH603", "Tensor.sum", "# <- accumulate"),
 ]
+
+FIXED_LINES = {
+    # fixture: the lines the verified fix writes (the same in BF16 and FP16)
+    "positions_arange": [
+        "        pos = torch.arange(h.shape[1], dtype=torch.float32)  # <- positions",
+        "        ang = pos[:, None] * self.inv_freq[None, :]",
+    ],
+    "one_minus_cos": ["        d = 2 * torch.sin(theta / 2) ** 2  # <- cancel"],
+    "half_cumsum": ["        c = p.cumsum(1, dtype=torch.float32)  # <- accumulate"],
+    "large_exp": ["        s = 80 + self.fc(x).float()"],
+    "variance_offset": ["        h = self.fc(x).float() + 100"],
+    "log_one_plus": ["        return torch.log1p(p)  # <- log"],
+    "exp_minus_one": ["        return torch.expm1(t)  # <- cancel"],
+    "rotary_matmul": [
+        '        with torch.autocast(device_type="cuda", enabled=False):',
+        "            freqs = (self.inv_freq[:, None] @ pos[None, :]).transpose(0, 1)"
+        "  # <- positions",
+    ],
+    "half_token_sum": ["        return per_token.sum(1, dtype=torch.float32)  # <- accumulate"],
+}
 
 
 def _scan(name: str, dtype: str, options: dict[str, Any]) -> Report:
@@ -47,7 +78,54 @@ def test_found_at_the_op_and_line(
     assert report.precision_check is not None and report.precision_check.compared > 0
 
 
+def _added_lines(fix: Fix) -> list[str]:
+    assert fix.diff is not None
+    return [
+        line[1:] for line in fix.diff.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+
+
 @pytest.mark.parametrize(("name", "dtype", "options"), [c[:3] for c in CASES],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_the_fix_is_verified_and_lean(name: str, dtype: str, options: dict[str, Any]) -> None:
+    """The fix kept is the rewrite of the cause, or the fewest ops in FP32: verified by a
+    re-scan with the precision check, no matmul moved to FP32 (the rotary product is the
+    positions' own matmul, which the transformers fix runs in FP32 too)."""
+    finding = next(f for f in _scan(name, dtype, options).findings if f.code.startswith("NH6"))
+    fix = finding.fix
+    assert fix is not None and fix.verified is True, fix
+    assert _added_lines(fix) == FIXED_LINES[name]
+    assert fix.cost is not None
+    if name != "rotary_matmul":
+        assert fix.cost.added_matmul_share == 0
+
+
+@pytest.mark.parametrize(("name", "dtype", "options"), [c[:3] for c in CASES],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_the_fix_applied_leaves_no_precision_finding(
+    name: str, dtype: str, options: dict[str, Any], tmp_path: Path
+) -> None:
+    finding = next(f for f in _scan(name, dtype, options).findings if f.code.startswith("NH6"))
+    assert finding.fix is not None
+    text = (PRECISION / f"{name}.py").read_text()
+    for edit in sorted(finding.fix.edits, key=lambda e: e.start, reverse=True):
+        text = text[: edit.start] + edit.replacement + text[edit.end :]
+    patched = tmp_path / f"{name}.py"
+    patched.write_text(text)
+    report = scanned(patched, dtype=dtype, precision_check="on", verify_fixes=False, **options)
+    assert _precision_codes(report) == []
+    assert report.precision_check is not None and report.precision_check.largest_error is not None
+    rounding = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    assert report.precision_check.largest_error < 16 * rounding
+
+
+FIXED_FILES = sorted({c[0] for c in CASES} & {p.stem.removesuffix("_fixed")
+                                               for p in PRECISION.glob("*_fixed.py")})
+
+
+@pytest.mark.parametrize(("name", "dtype", "options"),
+                         [c[:3] for c in CASES if c[0] in FIXED_FILES],
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_the_fixed_version_is_clean(name: str, dtype: str, options: dict[str, Any]) -> None:
     report = _scan(f"{name}_fixed", dtype, options)
@@ -96,3 +174,29 @@ def test_the_verdict_is_in_the_text_header_and_json() -> None:
     assert data["precision"]["ops_compared"] == report.precision_check.compared  # type: ignore[union-attr]
 
 
+
+
+def test_a_fix_that_leaves_precision_lost_is_not_verified(tmp_path: Path) -> None:
+    """FP32 positions alone: the rounded frequency they are multiplied by still puts the angles
+    off by whole radians, so the re-scan's precision check finds the cos and sin; the
+    verification names them and refuses the fix."""
+    from nan_hunter.api import scan_file
+    from nan_hunter.findings import Applicability
+    from nan_hunter.fixes.edits import edits_between
+    from nan_hunter.fixes.verify import verify_fix
+    from nan_hunter.project.config import load_settings
+
+    entry = tmp_path / "positions_arange.py"
+    entry.write_text((PRECISION / "positions_arange.py").read_text())
+    settings = load_settings(overrides={"dtype": "bfloat16", "verify_fixes": False})
+    before = scan_file(str(entry), settings)
+    (finding,) = before.findings
+    text = entry.read_text()
+    half_fixed = text.replace("dtype=h.dtype)  # <- pos", "dtype=torch.float32)  # <- pos")
+    fix = Fix("FP32 positions only", Applicability.SAFE, edits_between(entry, text, half_fixed))
+    verdict = verify_fix(fix, finding, before, lambda p: scan_file(str(p), settings), entry)
+    assert not verdict.verified
+    assert verdict.remaining[:2] == (
+        "NH609 Tensor.cos at line 22 (new: the original scan did not have it)",
+        "NH609 Tensor.sin at line 22 (new: the original scan did not have it)",
+    )

@@ -31,6 +31,7 @@ from nan_hunter.findings import (
 )
 from nan_hunter.fixes.build import build_fix, edit_site, with_fp16_constant, with_kept_module
 from nan_hunter.fixes.kept_submodule import LibraryScope, ModelSite, library_scope
+from nan_hunter.fixes.precision_fix import with_precision_fix
 from nan_hunter.precision.compare import ErrorMeter, KeptOutputs
 from nan_hunter.precision.context import PrecisionPlan
 from nan_hunter.precision.formats import BF16, FP32, FloatFormat, format_for
@@ -211,7 +212,12 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
     evidence = ScanEvidence(
         settings, fmt, batch, low, log, window, scale, model=model, precision=precision
     )
-    site = _detected("pass", evidence)
+    half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
+    site = [
+        with_precision_fix(f, evidence, device=_fix_device(settings, plan), half_dtype=half_dtype,
+                           device_from_input=settings.fix_device == "input")
+        for f in _detected("pass", evidence)
+    ]
     errors += [f for f in site if f.is_error]
     # a NaN loss is never clean: what no error above explains is said to be unexplained
     errors += _detected("final", dataclasses.replace(evidence, errors=tuple(errors)))

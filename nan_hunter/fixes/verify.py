@@ -30,11 +30,12 @@ from pathlib import Path
 
 from nan_hunter.core.progress import announce
 from nan_hunter.errors import NanHunterError
-from nan_hunter.findings import LOSS_RTOL, Finding, Fix, FixCost, Report, SourceLocation
+from nan_hunter.findings import LOSS_RTOL, Finding, Fix, FixCost, Kind, Report, SourceLocation
 from nan_hunter.fixes.cost import choose, covers, fix_cost, safety, shared_cost
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
 from nan_hunter.fixes.grouping import Key, PendingFix, code_of, verify_groups, worth_probing
+from nan_hunter.precision.formats import format_for
 from nan_hunter.project.paths import is_installed, real_path, shared_root
 
 Rescan = Callable[[Path], Report]
@@ -247,12 +248,55 @@ def judge(
         else:
             verified = False
             remaining.append(f"{_describe(g)} (new: the original scan did not have it)")
+    if finding.kind is Kind.PRECISION:
+        held, fails, notes = _precision_judged(finding, before, after, patched)
+        verified, still_fails = verified and held, still_fails or fails
+        remaining += notes
     changed = loss_change(before, after)
     if changed is not None:
         verified = False
         remaining.append(changed)
     return Verdict(verified, tuple(remaining), still_fails,
                    fp32_loss_change=fp32_loss_change(before, after))
+
+
+def _precision_judged(
+    finding: Finding, before: Report, after: Report, patched: dict[Path, PatchedFile]
+) -> tuple[bool, bool, list[str]]:
+    """A precision finding's fix, judged by the re-scan's precision check: ``(held, the fixed
+    op still fails, notes)``. It holds when no precision warning is left at the fixed op, in an
+    edited region or one the original scan did not have, the re-scan compared the ops at all,
+    and the loss is no further from FP32's than before (within one rounding of the format)."""
+    held, fails, notes = True, False, []
+    old = [f for f in before.findings if f.kind is Kind.PRECISION and f is not finding]
+    for g in (f for f in after.findings if f.kind is Kind.PRECISION):
+        place = _original_place(g.location, patched)
+        if (place is not None and place[3]) or _same_site(finding, g, place):
+            held, fails = False, True
+            notes.append(f"{_describe(g)} (precision is still lost at the fixed code)")
+        elif any(_same_site(h, g, place) for h in old):
+            notes.append(f"{_describe(g)} (was there before)")
+        else:
+            held = False
+            notes.append(f"{_describe(g)} (new: the original scan did not have it)")
+    was, now = before.precision_check, after.precision_check
+    if finding.code != "NH603" and (now is None or now.compared == 0):
+        return False, fails, [*notes, "the re-scan compared no op with FP32: nothing measured"]
+    if was is not None and now is not None and was.loss_error is not None:
+        if now.loss_error is None:
+            return False, fails, [*notes, "the loss is not finite after the fix"]
+        rounding = format_for(before.target.dtype).unit_roundoff
+        if now.loss_error > was.loss_error + rounding:
+            held = False
+            notes.append(
+                f"the loss is further from FP32's: off by {percent_text(now.loss_error)} after "
+                f"the fix, {percent_text(was.loss_error)} before"
+            )
+    return held, fails, notes
+
+
+def percent_text(value: float) -> str:
+    return f"{value * 100:.3g}%"
 
 
 def fp32_loss_change(before: Report, after: Report) -> float | None:

@@ -149,8 +149,13 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
         _hanging(console, "  [blue]-->[/]", where)
         _hanging(console, "   [blue]|[/] ", _safe(f.location.code))
     if not detailed:
-        if f.origin and f.notes:  # an origin that is no error: why (absorbed, contained)
-            _rows(console, [("why", f.notes[0])])
+        rows = [("why", f.notes[0])] if f.origin and f.notes else []
+        fixable = f.fix is not None and bool(f.fix.edits) and f.suppression is None
+        if fixable:  # a warning with an edit to apply: the fix too
+            rows += _fix_rows(f.fix)
+        _rows(console, rows)
+        if fixable:
+            _diffs(console, f.fix)
         return
     rows: list[tuple[str, str]] = []
     if f.op:
@@ -173,20 +178,30 @@ def _finding(console: Console, f: Finding, *, detailed: bool) -> None:
         where = f"{display_path(f.call_site.file)}:{f.call_site.line}"
         rows.append(("called at", f"{where}  {f.call_site.code}"))
     if f.fix is not None:
-        rows.append(("fix", f"{f.fix.title} [{_fix_status(f.fix)}]"))
-        if f.fix.verified is not None and f.fix.remaining:
-            rows.append(("after fix", "; ".join(f.fix.remaining)))
-        for alt in f.fix.alternatives:
-            rows.append(("or", f"{alt.title} [{_fix_status(alt)}]"))
-            if alt.verified is not None and alt.remaining:
-                rows.append(("after it", "; ".join(alt.remaining)))
+        rows += _fix_rows(f.fix)
     rows.extend(("also", note) for note in f.notes)
     _rows(console, rows)
-    if f.fix is not None:
-        for diff in (f.fix.diff, *(alt.diff for alt in f.fix.alternatives)):
-            if diff:
-                console.print(Syntax(shown_lines(diff.rstrip("\n")), "diff", theme="ansi_dark",
-                                     background_color="default"), soft_wrap=True)
+    _diffs(console, f.fix)
+
+
+def _fix_rows(fix: Fix) -> list[tuple[str, str]]:
+    rows = [("fix", f"{fix.title} [{_fix_status(fix)}]")]
+    if fix.verified is not None and fix.remaining:
+        rows.append(("after fix", "; ".join(fix.remaining)))
+    for alt in fix.alternatives:
+        rows.append(("or", f"{alt.title} [{_fix_status(alt)}]"))
+        if alt.verified is not None and alt.remaining:
+            rows.append(("after it", "; ".join(alt.remaining)))
+    return rows
+
+
+def _diffs(console: Console, fix: Fix | None) -> None:
+    if fix is None:
+        return
+    for diff in (fix.diff, *(alt.diff for alt in fix.alternatives)):
+        if diff:
+            console.print(Syntax(shown_lines(diff.rstrip("\n")), "diff", theme="ansi_dark",
+                                 background_color="default"), soft_wrap=True)
 
 
 def _ranges(console: Console, m: RangeMap, *, every_module: bool) -> None:
