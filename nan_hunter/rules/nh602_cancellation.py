@@ -46,9 +46,12 @@ d = 1 - torch.cos(theta)                        # small angles
 ```
 
 ## Fix
-The operands and the subtraction in FP32 (`.float()` inside
-`torch.autocast(device_type, enabled=False)`), or a form that does not cancel: `torch.var` /
-`x - x.mean()` first, `2 * torch.sin(theta / 2) ** 2` for `1 - cos`. Display-only advice.
+A form that does not cancel where the expression is one nan-hunter knows (`1 - cos(x)` ->
+`2 * torch.sin(x / 2) ** 2`, `exp(x) - 1` -> `torch.expm1(x)`); else the operands in FP32,
+upcast where they leave the last matmul or module (`self.fc(x).float() + 100`, no region, no
+matmul moved), or in an FP32 region. Each is verified by a re-scan with the precision check and
+the least costly verified one is offered (a two-pass `torch.var` is the hand-written
+alternative).
 """
 
     def detect(self, scan: ScanEvidence) -> list[Finding]:

@@ -45,9 +45,11 @@ w = torch.exp(scores)               # scores ~ 40 in bfloat16: 0.3 absolute erro
 ```
 
 ## Fix
-This op and its operands in FP32: `.float()` inside
-`torch.autocast(device_type, enabled=False)`, or a better conditioned formulation
-(`softmax`, `logsumexp`). Display-only advice.
+`log(1 + x)` -> `torch.log1p(x)` where that is the expression; else this op and the elementwise
+ops that rounded its inputs in FP32, upcast where they leave the last matmul or module
+(`80 + self.fc(x).float()`), the op alone or its statement in an FP32 region. Verified by a
+re-scan with the precision check; a better conditioned formulation (`softmax`, `logsumexp`) is
+the hand-written alternative.
 """
 
     def detect(self, scan: ScanEvidence) -> list[Finding]:
