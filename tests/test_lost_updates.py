@@ -8,7 +8,11 @@ import torch
 from typer.testing import CliRunner
 
 from nan_hunter.cli import app
-from nan_hunter.training.lost_updates import UpdateSnapshot
+from nan_hunter.findings import Report
+from nan_hunter.precision.lost_updates import UpdateSnapshot
+from nan_hunter.project.config import load_settings
+from nan_hunter.project.loader import load_target
+from nan_hunter.training import run_steps
 from tests.conftest import ROOT
 
 SCRIPT = str(ROOT / "tests" / "run_scripts" / "low_precision_weights_train.py")
@@ -63,7 +67,7 @@ def test_a_large_parameter_is_looked_at_through_an_even_sample(
 ) -> None:
     """At most ``SAMPLED`` elements of each parameter are copied (a BF16 7B model's weights are
     not doubled at the sampled step); the share is that of the sample."""
-    import nan_hunter.training.lost_updates as lost_updates
+    import nan_hunter.precision.lost_updates as lost_updates
 
     monkeypatch.setattr(lost_updates, "SAMPLED", 4)
     w = torch.nn.Parameter(torch.ones(16, dtype=torch.bfloat16))
@@ -76,3 +80,41 @@ def test_a_large_parameter_is_looked_at_through_an_even_sample(
     lost = snapshot.compare(1)
     assert lost is not None
     assert (lost.lost, lost.updated) == (2, 4)  # elements 0, 4 stayed; 8, 12 moved
+
+
+WEIGHTS = ROOT / "tests" / "fixtures" / "precision" / "low_precision_weights.py"
+
+
+def _steps_report(dtype: str, mode: str) -> Report:
+    settings = load_settings(None, {"dtype": dtype, "mode": mode, "device": "cpu"})
+    return run_steps(load_target(str(WEIGHTS)), settings, 3, lr=1e-4).report
+
+
+def test_steps_in_bf16_weights_report_nh604_with_the_share() -> None:
+    (finding,) = _steps_report("bfloat16", "half").findings
+    assert (finding.code, finding.severity.value, finding.kind.value) == (
+        "NH604", "warning", "precision"
+    )
+    assert finding.message == (
+        "optimizer step 1 of --steps: the update left 100% of the 577 weights with a nonzero "
+        "gradient unchanged (4 bfloat16 parameters): w - lr * g rounds back to w in bfloat16, "
+        "so training stalls without a NaN"
+    )
+    assert finding.fix is not None and "FP32 master weights" in finding.fix.title
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_steps_with_fp32_master_weights_have_no_nh604(dtype: str) -> None:
+    """The same model and learning rate under autocast: the parameters stay FP32, nothing is
+    copied, nothing is reported."""
+    assert [f.code for f in _steps_report(dtype, "autocast").findings] == []
+
+
+def test_fp16_adam_on_fp16_weights_breaks_before_it_stalls() -> None:
+    """In FP16 Adam's eps (1e-8) is 0 and a squared gradient underflows: the first update
+    divides by 0, and the next step's loss is NaN: that step is the scan's, as any step that
+    breaks; no NH604 is claimed for an update that made the weights non-finite (they moved)."""
+    settings = load_settings(None, {"dtype": "float16", "mode": "half", "device": "cpu"})
+    result = run_steps(load_target(str(WEIGHTS)), settings, 3, lr=1e-4)
+    assert result.first_bad_step == 1
+    assert "NH604" not in [f.code for f in result.report.findings]

@@ -33,7 +33,7 @@ def test_site_rules_detect_and_origin_rules_classify() -> None:
     assert [r.code for r in site_rules("inputs")] == ["NH001"]
     assert sorted(r.code for r in site_rules("pass")) == [
         "NH002", "NH003", "NH004", "NH005", "NH402", "NH501", "NH502", "NH503", "NH601", "NH602",
-        "NH603", "NH609",
+        "NH603", "NH604", "NH609",
     ]
     for rule in all_rules():
         if isinstance(rule, SiteRule):

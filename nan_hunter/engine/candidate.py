@@ -13,6 +13,7 @@ from nan_hunter.engine.runner import PassResult
 from nan_hunter.findings import Finding, Phase
 from nan_hunter.precision.formats import FloatFormat
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
+from nan_hunter.precision.lost_updates import LostUpdates
 from nan_hunter.project.config import Settings
 from nan_hunter.trace.events import GradEvent, OpEvent
 
@@ -142,3 +143,6 @@ class ScanEvidence:
     """For stage ``"final"``: the error findings of every other rule."""
     precision: PrecisionEvidence | None = None
     """The precision check's per-op errors against FP32 (None: the check did not run)."""
+    lost_updates: LostUpdates | None = None
+    """The first optimizer step of ``--steps`` whose low-precision weights lost half or more of
+    their updates to rounding (None: none did, or no step was measured)."""

@@ -38,6 +38,7 @@ from nan_hunter.precision.formats import BF16, FP32, FloatFormat, format_for
 from nan_hunter.precision.gradients import GradientLog, ScaleWindow
 from nan_hunter.precision.heap import large_blocks_from_heap
 from nan_hunter.precision.loss_scale import back_off, largest_finite
+from nan_hunter.precision.lost_updates import LostUpdates
 from nan_hunter.precision.replay import fp32_context
 from nan_hunter.precision.work import precision_work
 from nan_hunter.project.config import Settings
@@ -46,10 +47,17 @@ from nan_hunter.project.options import explicitly_set
 from nan_hunter.rules.registry import classify, origin_finding, site_rules
 
 
-def scan_target(target: Target, settings: Settings, *, fp32_loss: bool = False) -> Report:
+def scan_target(
+    target: Target,
+    settings: Settings,
+    *,
+    fp32_loss: bool = False,
+    lost_updates: LostUpdates | None = None,
+) -> Report:
     """One scan of a loaded target. ``fp32_loss``: the report's ``reference_loss`` is measured
     even when nothing broke (one FP32 forward and loss): a verification re-scan needs the
-    patched model's FP32 loss to say how much a fix changes what the model computes."""
+    patched model's FP32 loss to say how much a fix changes what the model computes.
+    ``lost_updates``: what ``--steps`` measured of its optimizer steps (NH604)."""
     # The passes and the analysis after them create objects that all live to the end of the
     # scan: the collector runs less often meanwhile (19% of an op-heavy scan's time otherwise).
     # The random state is the caller's: a scan draws dropout masks, and leaves it as it was.
@@ -76,7 +84,7 @@ def scan_target(target: Target, settings: Settings, *, fp32_loss: bool = False) 
         batch = target.batch.without_inference_tensors()
         if batch is not target.batch:
             target = dataclasses.replace(target, batch=batch)
-        return _scan_target(target, settings, fp32_loss)
+        return _scan_target(target, settings, fp32_loss, lost_updates)
 
 
 def _random_state_kept() -> contextlib.AbstractContextManager[None]:
@@ -84,7 +92,9 @@ def _random_state_kept() -> contextlib.AbstractContextManager[None]:
     return torch.random.fork_rng(devices=cuda)
 
 
-def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
+def _scan_target(
+    target: Target, settings: Settings, fp32_loss: bool, lost_updates: LostUpdates | None
+) -> Report:
     started = time.perf_counter()
     if settings.dtype == "float32" and settings.mode != "half":
         settings = dataclasses.replace(settings, mode="half")  # FP32: a plain run, no autocast
@@ -210,7 +220,8 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
     ]
     errors = [f for f in errors if f is not None]
     evidence = ScanEvidence(
-        settings, fmt, batch, low, log, window, scale, model=model, precision=precision
+        settings, fmt, batch, low, log, window, scale, model=model, precision=precision,
+        lost_updates=lost_updates,
     )
     half_dtype = f"torch.{settings.dtype}" if settings.mode == "half" else None
     site = [

@@ -53,6 +53,8 @@ from nan_hunter.engine.pass_state import rng_state
 from nan_hunter.errors import InternalError, NanHunterError, first_line
 from nan_hunter.findings import Report, TrainingSteps
 from nan_hunter.precision.formats import format_for
+from nan_hunter.precision.lost_updates import FIX as LOST_FIX
+from nan_hunter.precision.lost_updates import LOST_SHARE, LostUpdates, UpdateSnapshot
 from nan_hunter.project.config import Settings
 from nan_hunter.project.loader import unwrap_model
 from nan_hunter.trace import torch_originals as real
@@ -85,8 +87,6 @@ from nan_hunter.training.distributed import (
 from nan_hunter.training.events import RunEvent
 from nan_hunter.training.forecast import Forecast, ForecastRule, RangeSampler, within
 from nan_hunter.training.hook_failures import WatchFailed, script_entry
-from nan_hunter.training.lost_updates import FIX as LOST_FIX
-from nan_hunter.training.lost_updates import LOST_SHARE, LostUpdates, UpdateSnapshot
 from nan_hunter.training.model_copy import (
     gather_full_state,
     replay_copy,
@@ -651,7 +651,7 @@ class ScriptWatch:
 
     def _check_updates(self, snapshot: UpdateSnapshot) -> None:
         """The sampled update of low-precision weights: a warning, once, when most of it was
-        lost to rounding (``training.lost_updates``)."""
+        lost to rounding (``precision.lost_updates``)."""
         lost = snapshot.compare(self.steps + 1)
         if lost is None or lost.share < LOST_SHARE:
             return

@@ -15,6 +15,7 @@ from nan_hunter.engine.traced_forward import default_loss
 from nan_hunter.errors import NOT_THE_MODELS, ConfigError, UserCodeError, first_line
 from nan_hunter.findings import Report
 from nan_hunter.precision.formats import format_for
+from nan_hunter.precision.lost_updates import LOST_SHARE, LostUpdates, UpdateSnapshot
 from nan_hunter.project.config import Settings
 from nan_hunter.project.loader import Target
 from nan_hunter.project.options import explicitly_set
@@ -61,8 +62,11 @@ def run_steps(
     (default 2**16; ``none``: no GradScaler). ``mode: half`` puts model and batch in that dtype,
     without autocast and without a GradScaler (it cannot unscale FP16 gradients). The scan of a
     bad step starts from the weights at the start of that step, restored into a fresh copy of
-    the model (with a GradScaler, at the scale that step ran with). ``target.model`` is left
-    bit-identical; the run holds a copy of the model, one of its state and Adam's two moments.
+    the model (with a GradScaler, at the scale that step ran with). Each update of
+    low-precision parameters (``mode: half``) is checked for updates lost to rounding until one
+    loses half or more (``precision.lost_updates``): that step is the scan's NH604.
+    ``target.model`` is left bit-identical; the run holds a copy of the model, one of its state
+    and Adam's two moments.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"--steps must be a whole number >= 1, got {steps!r}")
@@ -91,6 +95,7 @@ def run_steps(
         settings.grad_scale is not None
     ) else None
     scale = ScaleWatch.start(scaler, skip_patience, scale_floor) if scaler else None
+    lost: LostUpdates | None = None  # the first step whose low-precision weights lost updates
 
     for index in range(steps):
         announce(f"training step {index + 1}/{steps}")
@@ -128,30 +133,39 @@ def run_steps(
             loss_ok, *rest = (bool(v) for v in flags.tolist())
             grads_ok = not rest or rest[0]
             if loss_ok and grads_ok:
+                snapshot = UpdateSnapshot.take(params) if lost is None else None
                 optimizer.step()
+                measured = snapshot.compare(index + 1) if snapshot is not None else None
+                if measured is not None and measured.share >= LOST_SHARE:
+                    lost = measured
         problem = step_verdict(
             loss=loss, loss_ok=loss_ok, grads_ok=grads_ok, scaled=scaler is not None,
             scale_problem=scale_problem, bad_grads=lambda: bad_grad_names(model),
         )
         if problem is not None:
-            report = _scan_state(target, settings, start, used)
+            report = _scan_state(target, settings, start, used, lost)
             return StepsResult(index + 1, index, report, problem.reason, problem.detail)
-    final = _scan_state(target, settings, model.state_dict(), scale.used if scale else None)
+    final = _scan_state(target, settings, model.state_dict(), scale.used if scale else None, lost)
     return StepsResult(steps, None, final)
 
 
 def _scan_state(
-    target: Target, settings: Settings, state: dict[str, torch.Tensor], scale: float | None
+    target: Target,
+    settings: Settings,
+    state: dict[str, torch.Tensor],
+    scale: float | None,
+    lost: LostUpdates | None,
 ) -> Report:
     """Scan a fresh copy of ``target.model`` holding ``state``; with a GradScaler, at the loss
-    scale the step ran with (as the watcher does)."""
+    scale the step ran with (as the watcher does); ``lost``: the step whose low-precision
+    weights lost their updates (NH604)."""
     from nan_hunter.engine.scan import scan_target
 
     fresh = copy.deepcopy(target.model)
     fresh.load_state_dict(state)
     if scale is not None:
         settings = dataclasses.replace(settings, grad_scale=scale)
-    return scan_target(dataclasses.replace(target, model=fresh), settings)
+    return scan_target(dataclasses.replace(target, model=fresh), settings, lost_updates=lost)
 
 
 def _train_forward(
