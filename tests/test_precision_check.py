@@ -200,3 +200,17 @@ def test_a_fix_that_leaves_precision_lost_is_not_verified(tmp_path: Path) -> Non
         "NH609 Tensor.cos at line 22 (new: the original scan did not have it)",
         "NH609 Tensor.sin at line 22 (new: the original scan did not have it)",
     )
+
+
+def test_the_text_and_markdown_reports_show_a_warnings_fix() -> None:
+    from nan_hunter.report import render
+
+    report = _scan("one_minus_cos", "bfloat16", {})
+    added = "+        d = 2 * torch.sin(theta / 2) ** 2  # <- cancel"
+    text = render(report, "text")
+    assert "  fix  Compute 1 - cos(x) as 2 * sin(x / 2) ** 2: the same value, without the " \
+           "cancellation [safe, verified by re-scan;" in text
+    assert added in text.splitlines()
+    markdown = render(report, "markdown")
+    assert "### Fix for NH602 · `tests/fixtures/precision/one_minus_cos.py:15`" in markdown
+    assert added in markdown.splitlines()

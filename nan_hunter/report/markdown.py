@@ -114,7 +114,14 @@ def _warnings(report: Report, findings: list[Finding]) -> str:
     for f in findings:
         where = code(_where(f.location)) if f.location is not None else "–"
         lines.append(_row([f.code, _cell(where), _cell(prose(f.message))]))
-    return "\n".join(lines)
+    blocks = ["\n".join(lines)]
+    for f in findings:  # a warning with an edit to apply: its fix, as an error's
+        if f.fix is not None and f.fix.edits and f.fix.diff:
+            where = f" · {code(_where(f.location))}" if f.location is not None else ""
+            blocks.append(f"### Fix for {f.code}{where}")
+            blocks.append(f"- **fix** ({f.fix.applicability.value}): {prose(f.fix.title)}")
+            blocks.append(_fenced(f.fix.diff, "diff"))
+    return "\n\n".join(blocks)
 
 
 def _closest(m: RangeMap) -> str:
