@@ -98,7 +98,9 @@ def test_steps_in_bf16_weights_report_nh604_with_the_share() -> None:
     assert finding.message == (
         "optimizer step 1 of --steps: the update left 100% of the 577 weights with a nonzero "
         "gradient unchanged (4 bfloat16 parameters): w - lr * g rounds back to w in bfloat16, "
-        "so training stalls without a NaN"
+        "so training stalls without a NaN; keep the parameters in FP32 (FP32 master weights: "
+        "train under torch.autocast instead of model.half()/.to(bfloat16)), or use an optimizer "
+        "with stochastic rounding or Kahan summation for low-precision weights"
     )
     assert finding.fix is not None and "FP32 master weights" in finding.fix.title
 

@@ -59,7 +59,7 @@ a line of the model.
             module="",
             location=None,
             origin=False,
-            message=f"optimizer step {lost.step} of --steps: {lost.line()}",
+            message=f"optimizer step {lost.step} of --steps: {lost.line()}; {FIX}",
             fix=Fix(title=FIX[0].upper() + FIX[1:], applicability=Applicability.DISPLAY_ONLY),
         )]
 
