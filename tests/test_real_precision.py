@@ -9,14 +9,19 @@ back to its pre-fix form, and published layers (``tests/real_precision/models.py
 - a hand-written LayerNorm, ``E[x^2] - E[x]^2``, in a BF16 BERT whose embeddings have an offset:
   NH602 at the subtraction;
 - causal linear attention's two ``cumsum`` over 4096 positions in a BF16 model (lucidrains'
-  ``causal_linear_attn``): NH603 at each.
+  ``causal_linear_attn``): NH603 at each;
+- today's Llama rotary embedding in a ``model.to(torch.bfloat16)`` model: its ``inv_freq``
+  buffer is rounded, NH609 at ``cos`` and ``sin``.
 
-The same models with the shipped module (or ``nn.LayerNorm``) have no NH6xx finding. All
-``slow``: ``python -m pytest -q -m slow -n 0 tests/test_real_precision.py -s``.
+The same models with the shipped module (or ``nn.LayerNorm``) under autocast have no NH6xx
+finding, nor have the 43 architectures of ``tests/test_real_models.py`` in BF16, nor six
+decoders over 512 positions. All ``slow`` (about 80 s on 2 cores):
+``python -m pytest -q -m slow -n 0 tests/test_real_precision.py -s``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,14 @@ from torch import nn
 from nan_hunter.findings import Report
 from tests.conftest import marker_line
 from tests.real_precision import models as real
-from tests.test_real_models import _built, _model_loss, _scan, _transformers
+from tests.test_real_models import (
+    ARCHITECTURES,
+    _architecture,
+    _built,
+    _model_loss,
+    _scan,
+    _transformers,
+)
 
 MODELS = Path(real.__file__).resolve()
 SEQ = 512
@@ -147,3 +159,70 @@ def test_the_shipped_module_is_clean(name: str) -> None:
     assert _precision(report) == []
     verdict = report.precision_check
     assert verdict is not None and verdict.grad_cosine is not None and verdict.grad_cosine > 0.99
+
+
+def _source_line(function: Any, code: str) -> tuple[str, int]:
+    """The file and line of the one line of ``function`` that starts with ``code``."""
+    lines, start = inspect.getsourcelines(function)
+    (line,) = [start + i for i, text in enumerate(lines) if text.strip().startswith(code)]
+    return str(Path(inspect.getsourcefile(function) or "").resolve()), line
+
+
+@pytest.mark.slow
+def test_rotary_inv_freq_rounded_by_model_to_bfloat16() -> None:
+    """Today's Llama rotary embedding multiplies in FP32, ``position_ids.float() *
+    self.inv_freq.to(torch.float)``, but ``inv_freq`` is a buffer: ``model.to(torch.bfloat16)``
+    (``mode="half"``) has rounded it to BF16 already, so at positions near 511 the angles are
+    off by up to ~0.5 rad and ``cos``/``sin`` by ~9% of their range, against 0.02% for the
+    angles themselves (an absolute error their relative error hides). Reported where the loss
+    shows, NH609 at ``cos`` and ``sin``: the rounding is the buffer's cast, outside the
+    forward."""
+    _transformers()
+    from transformers.models.llama import modeling_llama
+
+    model, batch, _ = _llama(False)
+    report = _scan("llama half bfloat16", model, batch, _model_loss, dtype="bfloat16", mode="half")
+    forward = modeling_llama.LlamaRotaryEmbedding.forward
+    forward = getattr(forward, "__wrapped__", forward)  # under @dynamic_rope_update
+    assert _precision(report) == [
+        ("NH609", "Tensor.cos", *_source_line(forward, "cos = emb.cos()")),
+        ("NH609", "Tensor.sin", *_source_line(forward, "sin = emb.sin()")),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# no false positive: the clean architectures in BF16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_clean_architectures_have_no_precision_finding_in_bfloat16(name: str) -> None:
+    """``tests/test_real_models.py``'s 43 architectures (random weights, sequence 16), BF16
+    autocast, the precision check at its default thresholds: no NH6xx finding."""
+    model, batch = _architecture(name)
+    report = _scan(f"{name} bfloat16", model, batch, _model_loss, dtype="bfloat16")
+    assert [(f.code, f.op, f.message) for f in report.findings if f.code.startswith("NH6")] == []
+    assert report.precision_check is not None and report.precision_check.compared > 20
+
+
+LONG_DECODERS = ("llama", "gpt_neox", "falcon", "bloom", "phi", "gemma")
+"""Rotary (Llama, GPT-NeoX, Falcon, Phi's partial, Gemma) and ALiBi (BLOOM) positions."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LONG_DECODERS)
+def test_decoders_at_512_positions_have_no_precision_finding_in_bfloat16(name: str) -> None:
+    """The decoders over positions past BF16's exact 256, under autocast: transformers keeps
+    the positions and angles in FP32, so no NH601 (nor another NH6xx)."""
+    tf = _transformers()
+    config_class, model_class, options, _ = ARCHITECTURES[name]
+    options = {**options, "max_position_embeddings": 1024}
+
+    def build() -> nn.Module:
+        tf.set_seed(0)
+        return getattr(tf, model_class)(getattr(tf, config_class)(**options)).eval()
+
+    batch = _lm_batch()
+    model = _built(model_class, build, batch)
+    report = _scan(f"{name} {SEQ} bfloat16", model, batch, _model_loss, dtype="bfloat16")
+    assert [(f.code, f.op, f.message) for f in report.findings if f.code.startswith("NH6")] == []

@@ -124,4 +124,3 @@ def layer_norm_offset(model: nn.Module, offset: float) -> nn.Module:
     with torch.no_grad():
         model.get_input_embeddings().weight.add_(offset)
     return model
-
