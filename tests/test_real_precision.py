@@ -13,7 +13,7 @@ back to its pre-fix form, and published layers (``tests/real_precision/models.py
 - today's Llama rotary embedding in a ``model.to(torch.bfloat16)`` model: its ``inv_freq``
   buffer is rounded, NH609 at ``cos`` and ``sin``.
 
-The same models with the shipped module (or ``nn.LayerNorm``) under autocast have no NH6xx
+The same models with the shipped module (or ``nn.LayerNorm``) have no NH6xx
 finding, nor have the 43 architectures of ``tests/test_real_models.py`` in BF16, nor six
 decoders over 512 positions. All ``slow`` (about 80 s on 2 cores):
 ``python -m pytest -q -m slow -n 0 tests/test_real_precision.py -s``.
