@@ -9,6 +9,15 @@ parameter, the batch, a constant). Its error *jumps* when::
 that is, the op lost far more than one rounding of its result explains: the **origin of
 precision loss** (NH602 for a subtraction, NH609 otherwise; NH601 when integers past the
 format's exact range lie upstream).
+
+Not an origin: an op whose FP32 result is below ``2**-126 / u`` (FP32's smallest normal over
+the format's rounding: BF16 kernels on CPU flush subnormals, and flushing a value below 2**-126
+changes it by up to 2**-126, more than one rounding of a result below the bound: underflow,
+the range rules' NH202/NH502, not precision); a random draw in the format
+(``torch.randn(..., dtype=bfloat16)`` draws other numbers than in FP32 from the same generator
+state); a dropout (one rounding at most: a jump there is a mask that differs). An op that is not
+compared (integer outputs: ``argmax``, ``argsort``) passes its inputs' error on, so what follows
+a draw, or a sort of rounded values, is not an origin either.
 """
 
 from __future__ import annotations
@@ -20,10 +29,26 @@ from dataclasses import dataclass
 from nan_hunter.engine.runner import PassResult
 from nan_hunter.findings import PrecisionVerdict
 from nan_hunter.precision.compare import OpKey, PrecisionCheck
-from nan_hunter.precision.formats import FloatFormat
+from nan_hunter.precision.formats import FP32, FloatFormat
 from nan_hunter.trace.events import OpEvent
 
 SUBTRACTIONS = frozenset({"sub", "rsub", "isub", "subtract"})
+RANDOM_DRAWS = frozenset({
+    "rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "normal",
+    "uniform", "bernoulli", "multinomial", "exponential", "cauchy", "log_normal", "geometric",
+    "poisson", "random",
+})  # fmt: skip
+"""Ops that draw random numbers: in BF16/FP16 other ones than in FP32 (CPU's vectorised normal
+sampler runs for FP32 only), so their difference is not a loss of precision."""
+DROPOUTS = frozenset({
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    "native_dropout", "rrelu",
+})  # fmt: skip
+"""Ops with random masks: they zero values and scale the rest once, one rounding at most, so an
+error jump there means the masks differ from the FP32 run's (a draw took other numbers from the
+generator before, or the model reseeds it: Reformer's ``torch.seed()``), not lost precision."""
+SELECTIONS = frozenset({"where", "masked_fill"})
+"""Ops that fill masked places with a constant: a ``-1e5`` fill rounded to BF16 is no position."""
 
 
 def op_name(event: OpEvent) -> str:
@@ -41,6 +66,10 @@ class OpPrecision:
     integer_outputs: bool = False
     integer_inputs: tuple[int, ...] = ()
     reference: OpEvent | None = None
+    ref_abs_max: float = math.inf
+    """max |fp32| of its outputs."""
+    draw: bool = False
+    """A random draw or mask (``RANDOM_DRAWS``, ``DROPOUTS``): never an origin."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +81,16 @@ class PrecisionEvidence:
     jump: float
     """The factor an op's error must exceed ``input error + u`` by to be an origin."""
 
+    def measures_precision(self, op: OpPrecision) -> bool:
+        """Its error is lost precision: finite, not a draw, not a result near underflow."""
+        return (
+            math.isfinite(op.error)
+            and not op.draw
+            and op.ref_abs_max >= FP32.smallest_normal / self.fmt.unit_roundoff
+        )
+
     def jumped(self, op: OpPrecision) -> bool:
-        return math.isfinite(op.error) and op.error > self.jump * (
+        return self.measures_precision(op) and op.error > self.jump * (
             op.input_error + self.fmt.unit_roundoff
         )
 
@@ -73,7 +110,7 @@ class PrecisionEvidence:
             if not low_out:
                 continue
             made = op.integer_outputs and op.error > 0
-            cast = any(
+            cast = op_name(op.event) not in SELECTIONS and any(
                 p < len(op.event.inputs) and op.event.inputs[p].dtype == "float32"
                 for p in op.integer_inputs
             )
@@ -120,16 +157,20 @@ def precision_evidence(
 ) -> PrecisionEvidence:
     ref_events = {e.key: e for e in ref.events} if ref is not None else {}
     ops: dict[int, OpPrecision] = {}
+    carried: dict[int, float] = {}  # each op's error, or its inputs' where it is not compared
     for e in low.events:
+        input_error = max(
+            (carried[p] for p in e.producers if p is not None and p in carried), default=0.0
+        )
         measured = check.errors.get(e.key)
         if measured is None or not e.outputs_finite or not e.inputs_finite:
+            if input_error > 0:
+                carried[e.index] = input_error
             continue
-        input_error = max(
-            (ops[p].error for p in e.producers if p is not None and p in ops), default=0.0
-        )
+        carried[e.index] = measured.error
         ops[e.index] = OpPrecision(
             e, measured.error, input_error, measured.integer_outputs, measured.integer_inputs,
-            ref_events.get(e.key),
+            ref_events.get(e.key), measured.ref_abs_max, op_name(e) in RANDOM_DRAWS | DROPOUTS,
         )  # fmt: skip
     return PrecisionEvidence(ops, fmt, jump)
 
@@ -144,7 +185,7 @@ def precision_verdict(
         if a is not None and b is not None and low.loss.finite and ref.loss.finite:
             loss_error = abs(a - b) / abs(b) if b != 0 else (0.0 if a == b else math.inf)
     worst = max(
-        (op for op in evidence.ops.values() if math.isfinite(op.error)),
+        (op for op in evidence.ops.values() if evidence.measures_precision(op)),
         key=lambda op: op.error, default=None,
     )  # fmt: skip
     where = ""

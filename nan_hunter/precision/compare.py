@@ -195,16 +195,23 @@ def _relative(diff: float, mag: float) -> float:
     return diff / mag
 
 
+FP32_EXACT_INTEGERS = 2.0**24
+"""Past this every FP32 value is an integer: a value there (a ``-1e9`` or ``finfo.min`` mask
+fill) being whole says nothing about counting, so it is no position or count."""
+
+
 def _integers(tensors: list[torch.Tensor], fmt: FloatFormat) -> torch.Tensor:
     """1 when every value of ``tensors`` is an integer and some is beyond ``fmt``'s exact
-    integers (256 in BF16), else 0 (a 0-d tensor: no read-back here)."""
+    integers (256 in BF16), none beyond FP32's (2**24), else 0 (a 0-d tensor: no read-back
+    here)."""
     flags = []
     for t in tensors:
         x = t.detach()
         if not x.is_floating_point() or x.numel() == 0:
             return torch.zeros(())
         whole = real.isfinite(x).all() & (x == x.round()).all()
-        flags.append(whole & (x.abs().amax() > fmt.exact_integers))
+        largest = x.abs().amax()
+        flags.append(whole & (largest > fmt.exact_integers) & (largest <= FP32_EXACT_INTEGERS))
     if not flags:
         return torch.zeros(())
     return torch.stack(flags).all().float()

@@ -83,6 +83,9 @@ def jumps(scan: ScanEvidence) -> tuple[list[OpPrecision], list[OpPrecision]]:
         if op.event.index not in roots
         and p.downstream_of(events, op.event.index, roots, depth) is None
     ]
+    # and what an origin ruins is its own (a division by a cancelled variance jumps again)
+    first = {op.event.index for op in found}
+    found = [op for op in found if p.downstream_of(events, op.event.index, first, depth) is None]
     cancel = [op for op in found if op_name(op.event) in SUBTRACTIONS]
     return cancel, [op for op in found if op_name(op.event) not in SUBTRACTIONS]
 
