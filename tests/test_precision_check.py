@@ -218,3 +218,37 @@ def test_the_text_and_markdown_reports_show_a_warnings_fix() -> None:
     markdown = render(report, "markdown")
     assert "### Fix for NH602 · `tests/fixtures/precision/one_minus_cos.py:15`" in markdown
     assert added in markdown.splitlines()
+
+
+def test_a_fix_after_which_no_error_is_smaller_is_not_verified() -> None:
+    """The finding gone from the re-scan is not enough: the loss's distance from FP32 or the
+    largest op error must at least halve (here both stay: the precision did not come back)."""
+    import dataclasses
+
+    from nan_hunter.fixes.verify import judge
+
+    before = _scan("one_minus_cos", "bfloat16", {})
+    (finding,) = before.findings
+    check = before.precision_check
+    assert check is not None and check.loss_error is not None
+    same = dataclasses.replace(check, loss_error=check.loss_error * 0.9)
+    # the re-scan's loss as FP32's (the loss check passes): only the precision measures differ
+    after = dataclasses.replace(before, findings=(), precision_check=same,
+                                loss=before.reference_loss)
+    verdict = judge(finding, before, after, {})
+    assert not verdict.verified
+    assert verdict.remaining[-1].startswith("no error measurably smaller: the loss off FP32's by ")
+    halved = dataclasses.replace(check, loss_error=check.loss_error * 0.5)
+    assert judge(finding, before, dataclasses.replace(after, precision_check=halved), {}).verified
+
+
+def test_a_structural_finding_is_verified_by_its_cause_going() -> None:
+    """NH603 over a sum whose FP32 run is within the format's rounding: nothing measurably lost,
+    so the fix holds when the finding goes, and says so."""
+    report = _scan("half_token_sum", "bfloat16", {"mode": "half"})
+    (finding,) = [f for f in report.findings if f.code == "NH603"]
+    assert finding.fix is not None and finding.fix.verified is True
+    assert finding.fix.remaining == (
+        "nothing was measurably lost before it (the loss off FP32's by 0.0431%, the largest op "
+        "error 0.472%): the finding's cause is gone",
+    )

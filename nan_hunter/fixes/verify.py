@@ -30,7 +30,16 @@ from pathlib import Path
 
 from nan_hunter.core.progress import announce
 from nan_hunter.errors import NanHunterError
-from nan_hunter.findings import LOSS_RTOL, Finding, Fix, FixCost, Kind, Report, SourceLocation
+from nan_hunter.findings import (
+    LOSS_RTOL,
+    Finding,
+    Fix,
+    FixCost,
+    Kind,
+    PrecisionVerdict,
+    Report,
+    SourceLocation,
+)
 from nan_hunter.fixes.cost import choose, covers, fix_cost, safety, shared_cost
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
 from nan_hunter.fixes.edits import PatchedFile, patch_files
@@ -292,7 +301,45 @@ def _precision_judged(
                 f"the loss is further from FP32's: off by {percent_text(now.loss_error)} after "
                 f"the fix, {percent_text(was.loss_error)} before"
             )
+        elif not _lost_before(was, rounding):
+            notes.append(
+                f"nothing was measurably lost before it (the loss off FP32's by "
+                f"{percent_text(was.loss_error)}, the largest op error "
+                f"{_maybe_percent(was.largest_error)}): the finding's cause is gone"
+            )
+        elif not _measurably_better(was, now):
+            held = False
+            notes.append(
+                f"no error measurably smaller: the loss off FP32's by "
+                f"{percent_text(was.loss_error)} before and {percent_text(now.loss_error)} "
+                f"after, the largest op error {_maybe_percent(was.largest_error)} and "
+                f"{_maybe_percent(now.largest_error)} (the finding went, the precision did not "
+                "come back)"
+            )
     return held, fails, notes
+
+
+def _lost_before(was: PrecisionVerdict, rounding: float) -> bool:
+    """Whether the precision check measured a loss: the loss off FP32's by more than one
+    rounding of the format, or an op off by more than 16."""
+    assert was.loss_error is not None
+    return was.loss_error > rounding or (was.largest_error or 0.0) > 16 * rounding
+
+
+def _measurably_better(was: PrecisionVerdict, now: PrecisionVerdict) -> bool:
+    """Whether a precision fix brought something back: the loss's distance from FP32 or the
+    largest op error at least halved."""
+    assert was.loss_error is not None and now.loss_error is not None
+    if now.loss_error <= was.loss_error / 2:
+        return True
+    return (
+        was.largest_error is not None and now.largest_error is not None
+        and now.largest_error <= was.largest_error / 2
+    )
+
+
+def _maybe_percent(value: float | None) -> str:
+    return "unknown" if value is None else percent_text(value)
 
 
 def percent_text(value: float) -> str:
