@@ -12,12 +12,12 @@ from nan_hunter.rules.registry import SiteRule, register
 @register
 class LostUpdates(SiteRule):
     code = "NH604"
-    name = "updates-lost-in-low-precision-weights"
+    name = "lost-low-precision-updates"
     severity = Severity.WARNING
     kind = Kind.PRECISION
     summary = (
-        f"An optimizer step of --steps left {LOST_SHARE:.0%}+ of the low-precision weights with "
-        "a nonzero gradient unchanged: w - lr * g rounds back to w."
+        f"A --steps update left {LOST_SHARE:.0%}+ of the BF16/FP16 weights unchanged: w - lr * g "
+        "rounds back to w."
     )
     doc = f"""\
 ## What
