@@ -180,6 +180,9 @@ def _scan_target(target: Target, settings: Settings, fp32_loss: bool) -> Report:
             grad_scale=scale,
             count_all=broke,
             observer=meter,
+            # node by node only where the analysis reads it (a backward origin's FP32 node);
+            # the precision check's gradient cosine only needs the gradients
+            grad_events=bool(backward_origins(low)),
         )
     precision, verdict = None, None
     if meter is not None and keep is not None:
