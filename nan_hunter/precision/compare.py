@@ -155,6 +155,7 @@ class ErrorMeter:
         self._keys.append(key)
 
     def on_gradients(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        self._scratch = _Scratch()  # the pass is over: its buffer goes
         low = self._kept.grads
         if len(low) != len(grads):
             return
@@ -167,6 +168,7 @@ class ErrorMeter:
 
     def result(self) -> PrecisionCheck:
         """Everything measured, read back in one go."""
+        self._scratch = _Scratch()
         errors: dict[OpKey, OpError] = {}
         flat = torch.cat([v.cpu() for v in self._values]).tolist() if self._values else []
         start = 0
