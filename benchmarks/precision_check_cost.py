@@ -1,18 +1,18 @@
 """What the precision check adds to a BF16 scan: ``precision_check="off"`` against ``"on"``.
 
-    python benchmarks/precision_check_cost.py                       # both shapes, ~3 minutes
+    python benchmarks/precision_check_cost.py --threads 1 --clock cpu   # both shapes, ~5 min
     python benchmarks/precision_check_cost.py --model transformer --rounds 7 --threads 1
     python benchmarks/precision_check_cost.py --model gpt2-medium --rounds 2
-    python benchmarks/precision_check_cost.py --quick               # small shapes, < 30 s
+    python benchmarks/precision_check_cost.py --quick               # small shapes, ~15 s
     python benchmarks/precision_check_cost.py --baseline /tmp/nh_base   # before/after
 
 In one process, per model: one untimed warm-up of every variant, then ``--rounds`` ABBA blocks
-(``off on on off``; with ``--baseline DIR``, that checkout's scans too: ``off on base-on
-base-off`` and back). Each block gives one ratio per pair, the sum of its two ``on`` times over
-its two ``off`` times, so that drift and another process's load hit both alike; the median
-ratio is printed with the min..max over the blocks, beside the median times. ``fp32`` (a plain
-FP32 forward + backward of the same model, timed in the same blocks) is the floor of any
-check that compares with an FP32 step: ``(off + fp32) / off``.
+(``off on fp32 fp32 on off``; with ``--baseline DIR``, that checkout's scans too), the variant
+a block starts with rotating from block to block. Each block gives one ratio per pair, the sum
+of its two ``on`` times over its two ``off`` times, so that drift and another process's load
+hit both alike; the median ratio is printed with the min..max over the blocks, beside the
+median times. ``fp32`` (a plain FP32 forward + backward of the same model, timed in the same
+blocks) is the floor of any check that compares with an FP32 step: ``(off + fp32) / off``.
 
 Every ``on`` scan's verdict (loss error, gradient cosine, ops compared, largest op error) is
 checked to be the same in every round, and printed.
@@ -73,9 +73,10 @@ def time_model(
         out = call(model, batch)
         if key != "fp32":
             verdicts[key].add(_verdict(out))
-    order = list(calls)
     for block in range(rounds):
         block_times: dict[str, float] = dict.fromkeys(calls, 0.0)
+        start = block % len(calls)  # which variant a block starts (and ends) with rotates
+        order = list(calls)[start:] + list(calls)[:start]
         for key in order + order[::-1]:  # ABBA
             gc.collect()
             t0 = clock()
