@@ -211,8 +211,13 @@ class _Scratch:
         self, low: torch.Tensor, ref: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Both as 0-d FP32 tensors, as ``low.float() - ref.float()`` gives them."""
-        if torch.promote_types(low.dtype, ref.dtype) != torch.float32:
-            # FP64, or both in the low format (a cast the model makes itself): in FP32 first
+        if (
+            torch.promote_types(low.dtype, ref.dtype) != torch.float32
+            or low.layout != torch.strided
+            or ref.layout != torch.strided
+        ):
+            # FP64, both in the low format (a cast the model makes itself), or a sparse
+            # tensor: in FP32 first, a tensor of its own
             ref32 = ref.float()
             return (low.float() - ref32).abs().amax(), ref32.abs().amax()
         n = ref.numel()
