@@ -48,6 +48,7 @@ def run_pass(
     gradients: GradientLog | None = None,
     count_all: bool = False,
     observer: OpObserver | None = None,
+    grad_events: bool = True,
 ) -> PassResult:
     """One traced forward + loss (+ backward) of ``model`` on ``batch``.
 
@@ -56,7 +57,9 @@ def run_pass(
     runs their FP16/BF16 tensors in FP32 (the reference pass of a model already in ``.half()``). The
     backward starts from ``loss * grad_scale``, as ``GradScaler.scale(loss)`` does; ``gradients``
     is the log ``numerics`` fills during it (per-parameter underflow is read from it);
-    ``observer`` is told each traced op's tensors and the gradients (the precision check).
+    ``observer`` is told each traced op's tensors and the gradients (the precision check);
+    ``grad_events``: trace the backward node by node (without, only the gradients are taken:
+    what the precision check's gradient cosine needs, when no backward origin is analysed).
 
     Statistics are read back in batches; if the model wrote to a waiting tensor out of the
     tracer's sight (``StaleStatistics``), the pass runs again, RNG state rewound, reading every
@@ -69,7 +72,7 @@ def run_pass(
     with PassRunner(
         model, lambda: batch, loss_fn, fmt, first_then_anew(precision), no_numerics,
         backward=backward, half=half, fp32=fp32, count_all=count_all, retain_bytes=-1,
-        outer=first_then_anew(numerics), observer=observer,
+        outer=first_then_anew(numerics), observer=observer, grad_events=grad_events,
     ) as runner:  # fmt: skip
         return runner.run(grad_scale, gradients)
 
@@ -118,9 +121,13 @@ class PassRunner:
         outer: Callable[[], contextlib.AbstractContextManager[Any] | None] | None = None,
         exact_zeros: bool = True,
         observer: OpObserver | None = None,
+        grad_events: bool = True,
     ) -> None:
         self._observer = observer
         """Told each traced op's tensors and the gradients (``precision.compare``)."""
+        self._grad_events = grad_events
+        """Trace the backward of a pass run with ``events`` node by node; without, its forward
+        is traced and its backward only takes the gradients (for the observer)."""
         self._model, self._batch, self._loss_fn, self._fmt = model, batch, loss_fn, fmt
         self._exact_zeros = exact_zeros
         """Count every FP16 result's zeros exactly (else large ones' are estimated, until a
@@ -161,7 +168,10 @@ class PassRunner:
         forward = self._forward
         if forward is not None and forward.reusable and self._policy.reuse_graph:
             try:
-                result = forward.backward(scale, gradients, retain=True, events=events)
+                result = forward.backward(
+                    scale, gradients, retain=True, events=events and self._grad_events,
+                    observe=events,
+                )
                 if events:
                     self._analysed_rng = forward.rng
                 return result
@@ -249,7 +259,10 @@ class PassRunner:
             self.forwards += 1
             forward.run(self._precision())
             retain = self._policy.reuse_graph and (0 <= forward.output_bytes <= self._retain_bytes)
-            result = forward.backward(scale, gradients, retain=retain, events=events)
+            result = forward.backward(
+                scale, gradients, retain=retain, events=events and self._grad_events,
+                observe=events,
+            )
             if not retain:
                 self.close()
             return result

@@ -191,6 +191,9 @@ def _scan_target(
             grad_scale=scale,
             count_all=broke,
             observer=meter,
+            # node by node only where the analysis reads it (a backward origin's FP32 node);
+            # the precision check's gradient cosine only needs the gradients
+            grad_events=bool(backward_origins(low)),
         )
     precision, verdict = None, None
     if meter is not None and keep is not None:

@@ -59,8 +59,9 @@ class PassResult:
     """Half mode: the floating parameters and buffers the model's cast left in FP32 (a module
     that keeps itself in FP32 through its ``_apply``)."""
     gradients_finite: bool | None = None
-    """For a backward run without per-node events (``grad_events`` empty): whether every
-    gradient stayed finite (each parameter's, and each one the gradient log saw rounded)."""
+    """For a backward run without per-node events (``grad_events`` empty) to measure gradients
+    (the loss-scale window's): whether every gradient stayed finite (each parameter's, and each
+    one the gradient log saw rounded). None for one whose gradients went to the observer."""
     backward_skipped: str = ""
     """Why no backward ran (empty when one did): no backward asked for, no parameter that
     requires a gradient, a loss that does not require one, no parameter the loss reaches."""
@@ -186,11 +187,21 @@ class TracedForward:
         self._events = tuple(tracer.events)
 
     def backward(
-        self, scale: float, gradients: GradientLog | None, *, retain: bool, events: bool = True
+        self,
+        scale: float,
+        gradients: GradientLog | None,
+        *,
+        retain: bool,
+        events: bool = True,
+        observe: bool | None = None,
     ) -> PassResult:
         """A backward from ``loss * scale`` (none if ``backward`` is off or nothing needs a
         gradient); ``retain``: keep the graph for another one; ``events``: trace the backward
-        node by node (``grad_events``), else only measure the gradients."""
+        node by node (``grad_events``), else only measure the gradients; ``observe``: hand the
+        gradients to the observer (default: ``events``; a pass without events is the
+        loss-scale window's, whose gradients are not the ones compared)."""
+        if observe is None:
+            observe = events
         loss, tracer, modules, params = self._loss, self._tracer, self._modules, self._params
         assert loss is not None
         self.reusable = False
@@ -217,14 +228,14 @@ class TracedForward:
             ):
                 grads = torch.autograd.grad(scaled, params, allow_unused=True, retain_graph=retain)
             backward_ran = True
-            if events and self._observer is not None:
+            if observe and self._observer is not None:
                 self._observer.on_gradients(grads)
             if all(g is None for g in grads):
                 skipped = "no parameter gets a gradient from the loss"
             if gradients is not None:
                 gradients.flush()
                 param_grads = _param_grads(self._model, params, grads, gradients)
-            if not events:
+            if not events and not observe:
                 finite = _all_finite(grads) and (gradients is None or not gradients.overflowed)
         self.reusable = (retain or not backward_ran) and self._traced
         return PassResult(

@@ -120,7 +120,9 @@ class ErrorMeter:
         self._keys: list[OpKey] = []
         self._values: list[torch.Tensor] = []
         """Per measured key: [max |low - fp32|, max |fp32|, integer outputs, integer inputs...]."""
-        self._cosine: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._cosine: torch.Tensor | None = None
+        """The gradients' 2 x 2 Gram matrix, float64: [[low.low, low.ref], [low.ref, ref.ref]]."""
+        self._scratch = _Scratch()
 
     def on_op(
         self, key: OpKey, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
@@ -136,12 +138,15 @@ class ErrorMeter:
                 low, version = pair
                 if low._version != version or low.shape != ref.shape or low.numel() == 0:
                     return  # written over in place since: nothing to compare with
-                ref32 = ref.detach().float()
-                diffs.append((low.float() - ref32).abs().amax())
-                mags.append(ref32.abs().amax())
+                diff, mag = self._scratch.max_abs_diff(low, ref.detach())
+                diffs.append(diff)
+                mags.append(mag)
             if not diffs:
                 return
-            row = [torch.stack(diffs).amax(), torch.stack(mags).amax()]
+            if len(diffs) == 1:
+                row = [diffs[0], mags[0]]
+            else:
+                row = [torch.stack(diffs).amax(), torch.stack(mags).amax()]
             positions = self._checks.get(key)
             if positions is not None:
                 row.append(_integers([o for o in outputs if o.is_floating_point()], self._fmt))
@@ -150,22 +155,20 @@ class ErrorMeter:
         self._keys.append(key)
 
     def on_gradients(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        self._scratch = _Scratch()  # the pass is over: its buffer goes
         low = self._kept.grads
         if len(low) != len(grads):
             return
-        dot = n_low = n_ref = torch.zeros((), dtype=torch.float64)
-        with torch.no_grad():  # one read-back per parameter on a GPU: after the pass, once
-            for a, b in zip(low, grads, strict=True):
-                if a is None or b is None or a.shape != b.shape:
-                    continue
-                a64, b64 = a.detach().double().flatten(), b.detach().double().flatten()
-                dot = dot + (a64 * b64).sum().cpu()
-                n_low = n_low + (a64 * a64).sum().cpu()
-                n_ref = n_ref + (b64 * b64).sum().cpu()
-        self._cosine = (dot, n_low, n_ref)
+        pairs = [
+            (a.detach(), b.detach())
+            for a, b in zip(low, grads, strict=True)
+            if a is not None and b is not None and a.shape == b.shape
+        ]
+        self._cosine = _gram(pairs)
 
     def result(self) -> PrecisionCheck:
         """Everything measured, read back in one go."""
+        self._scratch = _Scratch()
         errors: dict[OpKey, OpError] = {}
         flat = torch.cat([v.cpu() for v in self._values]).tolist() if self._values else []
         start = 0
@@ -182,7 +185,7 @@ class ErrorMeter:
             errors[key] = OpError(error, mag, integer_outputs, integer_inputs)
         cosine = None
         if self._cosine is not None:
-            dot, a, b = (float(v) for v in self._cosine)
+            (a, dot), (_, b) = self._cosine.tolist()
             cosine = dot / math.sqrt(a * b) if a > 0 and b > 0 else (1.0 if a == b else 0.0)
         return PrecisionCheck(errors, cosine, self._kept.kept_all)
 
@@ -198,6 +201,84 @@ def _relative(diff: float, mag: float) -> float:
 FP32_EXACT_INTEGERS = 2.0**24
 """Past this every FP32 value is an integer: a value there (a ``-1e9`` or ``finfo.min`` mask
 fill) being whole says nothing about counting, so it is no position or count."""
+
+
+class _Scratch:
+    """``max |low - ref|`` and ``max |ref|`` of one op's output without a temporary of its own:
+    the difference is written into a buffer kept for the whole pass (per device), grown to the
+    largest output. A fresh tensor per op, the size of an activation, costs more than the
+    arithmetic on a CPU, where it is faulted in page by page after each heap trim."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+
+    def max_abs_diff(
+        self, low: torch.Tensor, ref: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both as 0-d FP32 tensors, as ``low.float() - ref.float()`` gives them."""
+        if (
+            torch.promote_types(low.dtype, ref.dtype) != torch.float32
+            or low.layout != torch.strided
+            or ref.layout != torch.strided
+        ):
+            # FP64, both in the low format (a cast the model makes itself), or a sparse
+            # tensor: in FP32 first, a tensor of its own
+            ref32 = ref.float()
+            return (low.float() - ref32).abs().amax(), ref32.abs().amax()
+        n = ref.numel()
+        buffer = self._buffers.get(ref.device)
+        if buffer is None or buffer.numel() < n:
+            buffer = self._buffers[ref.device] = torch.empty(
+                n, dtype=torch.float32, device=ref.device
+            )
+        diff = buffer[:n].view(ref.shape)
+        torch.sub(low, ref, out=diff)  # in FP32 (type promotion), as ``low.float() - ref``
+        lowest, highest = torch.aminmax(ref)
+        mag = torch.maximum(lowest.abs(), highest.abs()).float()
+        return diff.abs_().amax(), mag
+
+
+GRAM_CHUNK = 1 << 16
+"""Values per gradient chunk of ``_gram`` on a CPU (two rows of FP64: 1 MiB, in cache)."""
+GRAM_CHUNK_DEVICE = 1 << 22
+"""... and on an accelerator (fewer, larger kernels)."""
+
+
+def _gram(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The 2 x 2 FP64 Gram matrix of the flattened gradient vectors ``a`` and ``b`` (their dot
+    products), on their device, not read back. Chunk by chunk: both chunks copied into the two
+    rows of one FP64 buffer (each product of two FP32 values is exact in FP64), and one
+    ``buffer @ buffer.T`` gives the three sums; no FP64 copy of a whole gradient is made (the
+    FP64 copies and products of GPT-2 medium's 355M gradient values took 4-6 s on a CPU, most
+    of it faulting fresh memory in)."""
+    pairs = [(_flat(a), _flat(b)) for a, b in pairs]
+    pairs = [(a, b) for a, b in pairs if a.numel() > 0]
+    if not pairs:
+        return torch.zeros(2, 2, dtype=torch.float64)
+    device = pairs[0][0].device
+    chunk = GRAM_CHUNK if device.type == "cpu" else GRAM_CHUNK_DEVICE
+    longest = max(a.numel() for a, _ in pairs)
+    buffer = torch.empty(2, min(chunk, longest), dtype=torch.float64, device=device)
+    gram = torch.zeros(2, 2, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for a, b in pairs:
+            n = a.numel()
+            for start in range(0, n, chunk):
+                end = min(n, start + chunk)
+                rows = buffer[:, : end - start]
+                rows[0].copy_(a[start:end])
+                rows[1].copy_(b[start:end])
+                gram += rows @ rows.T
+    return gram
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A gradient as a flat real tensor (a sparse one densified, a complex one's real part)."""
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.is_complex():
+        t = t.real
+    return t.reshape(-1)
 
 
 def _integers(tensors: list[torch.Tensor], fmt: FloatFormat) -> torch.Tensor:
