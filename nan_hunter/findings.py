@@ -437,17 +437,19 @@ class PrecisionVerdict:
         """``loss off by 0.12%, gradient cosine 0.99993, 41 ops compared``."""
         parts = [
             "loss not finite" if self.loss_error is None
-            else f"loss off by {_percent(self.loss_error)}"
+            else f"loss off by {percent_text(self.loss_error)}"
         ]
         if self.grad_cosine is not None:
             parts.append(f"gradient cosine {self.grad_cosine:.5f}")
         parts.append(f"{self.compared} ops compared" + ("" if self.complete else " (budget hit)"))
         if self.largest_error is not None and self.largest_at:
-            parts.append(f"largest op error {_percent(self.largest_error)} at {self.largest_at}")
+            largest = percent_text(self.largest_error)
+            parts.append(f"largest op error {largest} at {self.largest_at}")
         return ", ".join(parts)
 
 
-def _percent(value: float) -> str:
+def percent_text(value: float) -> str:
+    """``0.0123`` -> ``1.23%`` (three significant digits), ``inf`` as itself."""
     if value == float("inf"):
         return "inf"
     return f"{value * 100:.3g}%"

@@ -30,6 +30,7 @@ from nan_hunter.fixes.precision_rewrites import (
 )
 from nan_hunter.fixes.source_file import SourceError, read_source
 from nan_hunter.project.paths import is_installed, project_root
+from nan_hunter.rules._precision import first_jump_after
 from nan_hunter.rules.registry import FixPlan
 from nan_hunter.trace.events import OpEvent
 
@@ -116,9 +117,11 @@ def _rewritten(
     if new_text is None:
         return None
     title = _INTEGERS_TITLE.format(op=event.op)
-    jump = _first_jump_after(scan, event)
-    if jump is None:
+    measured = scan.precision.ops.get(event.index) if scan.precision is not None else None
+    after = first_jump_after(scan, measured) if measured is not None else None
+    if after is None:
         return title, new_text
+    jump = after.event
     lines = []
     for cast in _casts_on_the_way(scan, event, jump):
         assert cast.location is not None
@@ -130,18 +133,6 @@ def _rewritten(
         title += _CASTS_TITLE.format(fmt=scan.fmt.name, jump=jump.op, lines="line " + ", ".join(
             dict.fromkeys(lines)))
     return title, new_text
-
-
-def _first_jump_after(scan: ScanEvidence, site: OpEvent) -> OpEvent | None:
-    p = scan.precision
-    if p is None or scan.low is None:
-        return None
-    for op in p.origins:
-        if op.event.index > site.index and p.downstream_of(
-            scan.low.events, op.event.index, {site.index}, scan.settings.upstream_depth
-        ) is not None:
-            return op.event
-    return None
 
 
 def _casts_on_the_way(scan: ScanEvidence, site: OpEvent, jump: OpEvent) -> list[OpEvent]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from nan_hunter.fixes.source_file import SourcePositions, compiles, last_name
+from nan_hunter.fixes.rewrites import binds_torch, replace_spans
+from nan_hunter.fixes.source_file import SourcePositions, last_name
 
 FP32 = "torch.float32"
 
@@ -40,12 +41,7 @@ def _parse(text: str) -> tuple[str, ast.Module, SourcePositions] | None:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return None
-    binds_torch = any(
-        isinstance(node, ast.Import)
-        and any(a.name == "torch" and a.asname in (None, "torch") for a in node.names)
-        for node in tree.body
-    )
-    return (text, tree, SourcePositions(text)) if binds_torch else None
+    return (text, tree, SourcePositions(text)) if binds_torch(tree) else None
 
 
 def _calls_on(tree: ast.Module, line: int, names: frozenset[str]) -> Iterator[ast.Call]:
@@ -63,12 +59,6 @@ def _name_line(func: ast.expr) -> int:
     if isinstance(func, ast.Attribute):
         return func.end_lineno or func.lineno
     return func.lineno
-
-
-def _replace(text: str, spans: list[tuple[int, int, str]]) -> str | None:
-    for start, end, new in sorted(spans, reverse=True):
-        text = text[:start] + new + text[end:]
-    return text if compiles(text) else None
 
 
 def _with_dtype(call: ast.Call, source: SourcePositions) -> tuple[int, int, str] | None:
@@ -102,7 +92,7 @@ def fp32_accumulator(text: str, line: int, op: str) -> str | None:
     for call in _calls_on(tree, line, frozenset({op})):
         span = _with_dtype(call, source)
         if span is not None:
-            return _replace(text, [span])
+            return replace_spans(text, [span])
     return None
 
 
@@ -119,7 +109,7 @@ def fp32_integers(text: str, line: int, op: str) -> str | None:
             if any(k.arg == "dtype" for k in call.keywords):
                 span = _with_dtype(call, source)
                 if span is not None:
-                    return _replace(text, [span])
+                    return replace_spans(text, [span])
         return None
     if op not in CASTS:
         return None
@@ -129,10 +119,10 @@ def fp32_integers(text: str, line: int, op: str) -> str | None:
         if op in ("half", "bfloat16") and not call.args and not call.keywords:
             start, end = source.span(call)
             receiver = source.segment(call.func.value)
-            return _replace(text, [(start, end, f"{receiver}.float()")])
+            return replace_spans(text, [(start, end, f"{receiver}.float()")])
         if op in ("to", "type") and len(call.args) == 1 and not call.keywords:
             start, end = source.span(call.args[0])
-            return _replace(text, [(start, end, FP32)])
+            return replace_spans(text, [(start, end, FP32)])
     return None
 
 
@@ -146,7 +136,7 @@ def dropped_cast(text: str, line: int, op: str) -> str | None:
     for call in _calls_on(tree, line, frozenset({op})):
         if isinstance(call.func, ast.Attribute) and len(call.args) <= 1 and not call.keywords:
             start, end = source.span(call)
-            return _replace(text, [(start, end, source.segment(call.func.value))])
+            return replace_spans(text, [(start, end, source.segment(call.func.value))])
     return None
 
 
@@ -182,7 +172,7 @@ def stable_form(text: str, line: int, op: str) -> tuple[str, str] | None:
                 what = "log(x + 1) as log1p(x)"
         if new is not None:
             start, end = source.span(node)
-            replaced = _replace(text, [(start, end, new)])
+            replaced = replace_spans(text, [(start, end, new)])
             return (replaced, what) if replaced is not None else None
     return None
 

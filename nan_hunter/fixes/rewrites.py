@@ -34,7 +34,8 @@ def _parse(path: Path) -> tuple[str, ast.Module, SourcePositions] | None:
     return text, tree, SourcePositions(text)
 
 
-def _replace(text: str, spans: list[tuple[int, int, str]]) -> str | None:
+def replace_spans(text: str, spans: list[tuple[int, int, str]]) -> str | None:
+    """``text`` with each ``(start, end, new)`` span replaced; None when it no longer compiles."""
     for start, end, new in sorted(spans, reverse=True):
         text = text[:start] + new + text[end:]
     return text if compiles(text) else None
@@ -74,7 +75,8 @@ def _same(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0)
 
 
-def _binds_torch(tree: ast.Module) -> bool:
+def binds_torch(tree: ast.Module) -> bool:
+    """Whether the module binds ``torch`` at its top level (``import torch``, not ``as th``)."""
     return any(
         isinstance(node, ast.Import) and any(a.name == "torch" and a.asname in (None, "torch")
                                              for a in node.names)
@@ -90,7 +92,7 @@ def finfo_limit(path: Path, line: int, value: float) -> str | None:
     if parsed is None:
         return None
     text, tree, source = parsed
-    if not _binds_torch(tree):
+    if not binds_torch(tree):
         return None
     limit = "min" if value < 0 else "max"
     named = _named_constants(tree, line, value)
@@ -128,7 +130,7 @@ def finfo_limit(path: Path, line: int, value: float) -> str | None:
                 t_start, t_end = source.span(tensor)
                 if text[t_start - 1 : t_start] == "(" and text[t_end : t_end + 1] == ")":
                     t_start, t_end = t_start - 1, t_end + 1  # its own parentheses, not a call's
-                bound = _replace(text, [
+                bound = replace_spans(text, [
                     (t_start, t_end, f"({name} := {receiver})"),
                     (start, end, f"torch.finfo({name}.dtype).{limit}"),
                 ])  # fmt: skip
@@ -137,7 +139,7 @@ def finfo_limit(path: Path, line: int, value: float) -> str | None:
             if not isinstance(tensor, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
                 receiver = f"({receiver})"  # ``(q @ k.t() / d).dtype``, not ``... / d.dtype``
             new = f"torch.finfo({receiver}.dtype).{limit}"
-            return _replace(text, [(start, end, new)])
+            return replace_spans(text, [(start, end, new)])
     return None
 
 
@@ -205,14 +207,14 @@ def scalar_literal(path: Path, line: int, value: float, new_literal: str) -> str
     for node in _on_line(tree, line):
         if id(node) in signed and _is_number(node, value):
             start, end = source.span(node)
-            return _replace(text, [(start, end, new_literal)])
+            return replace_spans(text, [(start, end, new_literal)])
     # bound elsewhere: ``self.eps = 1e-8``, ``def __init__(self, eps=1e-8)``, ``EPS = 1e-8``;
     # only when the file writes that number once (another 1e-8 may be something else)
     found = [node for node in _numbers(tree) if _is_number(node, value)]
     if len(found) != 1:
         return None
     start, end = source.span(found[0])
-    return _replace(text, [(start, end, new_literal)])
+    return replace_spans(text, [(start, end, new_literal)])
 
 
 def _numbers(tree: ast.Module) -> list[ast.expr]:
@@ -273,7 +275,7 @@ def bce_with_logits(path: Path, line: int) -> str | None:
             continue
         start, end = source.span(inner)
         spans.append((start, end, source.segment(logits)))
-        return _replace(text, spans)
+        return replace_spans(text, spans)
     return None
 
 
@@ -289,7 +291,7 @@ def custom_function_fp32(path: Path, line: int, device_type: str) -> str | None:
     ``forward`` takes no ``ctx`` for the decorator to record on), or a file without ``import
     torch``."""
     parsed = _parse(path)
-    if parsed is None or not _binds_torch(parsed[1]):
+    if parsed is None or not binds_torch(parsed[1]):
         return None
     text, tree, source = parsed
     for cls in ast.walk(tree):
@@ -313,7 +315,7 @@ def custom_function_fp32(path: Path, line: int, device_type: str) -> str | None:
                         f"@torch.amp.custom_fwd({device}, cast_inputs=torch.float32)"),
             _line_above(source, backward.lineno, f"@torch.amp.custom_bwd({device})"),
         ]
-        return _replace(text, spans)
+        return replace_spans(text, spans)
     return None
 
 

@@ -39,6 +39,7 @@ from nan_hunter.findings import (
     PrecisionVerdict,
     Report,
     SourceLocation,
+    percent_text,
 )
 from nan_hunter.fixes.cost import choose, covers, fix_cost, safety, shared_cost
 from nan_hunter.fixes.dataflow import CodeRange, Dataflow
@@ -340,10 +341,6 @@ def _measurably_better(was: PrecisionVerdict, now: PrecisionVerdict) -> bool:
 
 def _maybe_percent(value: float | None) -> str:
     return "unknown" if value is None else percent_text(value)
-
-
-def percent_text(value: float) -> str:
-    return f"{value * 100:.3g}%"
 
 
 def fp32_loss_change(before: Report, after: Report) -> float | None:
