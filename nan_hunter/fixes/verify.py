@@ -245,15 +245,13 @@ def judge(
     remaining: list[str] = []
     verified = True
     still_fails = False
+    old = [h for h in old_errors if h is not finding]
     for g in (f for f in after.findings if f.is_error):
-        place = _original_place(g.location, patched)
-        edited = place is not None and place[3]
-        if (edited and (g.op, g.module) == (finding.op, finding.module)) or _same_site(
-            finding, g, place
-        ):
+        found = _placed(g, finding, old, patched, any_op=False)
+        if found == "fixed":
             verified, still_fails = False, True
             remaining.append(f"{_describe(g)} (the fixed op still fails)")
-        elif any(_same_site(h, g, place) for h in old_errors if h is not finding):
+        elif found == "before":
             remaining.append(f"{_describe(g)} (was there before)")
         else:
             verified = False
@@ -270,6 +268,22 @@ def judge(
                    fp32_loss_change=fp32_loss_change(before, after))
 
 
+def _placed(
+    g: Finding, finding: Finding, old: list[Finding], patched: dict[Path, PatchedFile],
+    *, any_op: bool,
+) -> str:
+    """Where the re-scan's ``g`` stands against the fix of ``finding``: ``"fixed"`` (at the
+    fixed op, or with ``any_op`` anywhere in the edited code), ``"before"`` (one of ``old``,
+    the original scan's, at the same op, module and original line) or ``"new"``."""
+    place = _original_place(g.location, patched)
+    edited = place is not None and place[3]
+    if edited and (any_op or (g.op, g.module) == (finding.op, finding.module)):
+        return "fixed"
+    if _same_site(finding, g, place):
+        return "fixed"
+    return "before" if any(_same_site(h, g, place) for h in old) else "new"
+
+
 def _precision_judged(
     finding: Finding, before: Report, after: Report, patched: dict[Path, PatchedFile]
 ) -> tuple[bool, bool, list[str]]:
@@ -280,11 +294,11 @@ def _precision_judged(
     held, fails, notes = True, False, []
     old = [f for f in before.findings if f.kind is Kind.PRECISION and f is not finding]
     for g in (f for f in after.findings if f.kind is Kind.PRECISION):
-        place = _original_place(g.location, patched)
-        if (place is not None and place[3]) or _same_site(finding, g, place):
+        found = _placed(g, finding, old, patched, any_op=True)
+        if found == "fixed":
             held, fails = False, True
             notes.append(f"{_describe(g)} (precision is still lost at the fixed code)")
-        elif any(_same_site(h, g, place) for h in old):
+        elif found == "before":
             notes.append(f"{_describe(g)} (was there before)")
         else:
             held = False
@@ -293,8 +307,9 @@ def _precision_judged(
     if finding.code != "NH603" and (now is None or now.compared == 0):
         return False, fails, [*notes, "the re-scan compared no op with FP32: nothing measured"]
     if was is not None and now is not None and was.loss_error is not None:
-        if now.loss_error is None:
-            return False, fails, [*notes, "the loss is not finite after the fix"]
+        if now.loss_error is None:  # a loss that is not finite: ``loss_change`` says so
+            return False, fails, [*notes, "the loss's distance from FP32 is not measured after "
+                                          "the fix"]
         rounding = format_for(before.target.dtype).unit_roundoff
         if now.loss_error > was.loss_error + rounding:
             held = False
