@@ -54,7 +54,7 @@ def test_no_op_region_after_an_fp16_clamp_is_not_verified_and_never_written(
     verified = verify_fixes(hostile, _rescan, path).findings[0].fix
     assert verified is not None and verified.verified is False
     assert verified.remaining[0] == (
-        f"NH900 torch.log1p at line {culprit + 1} (the fixed op still fails)"
+        f"NH900 torch.log1p at fx_log1p_clamp.py:{culprit + 1} (the fixed op still fails)"
     )
     before = path.read_bytes()
     (applied,) = apply_fixes(verify_fixes(hostile, _rescan, path))
@@ -77,7 +77,9 @@ def test_a_patch_that_moves_the_failure_one_line_down_is_not_verified(tmp_path: 
     fix = verify_fixes(hostile, _rescan, path).findings[0].fix
     assert fix is not None and fix.verified is False
     # the same op (torch.matmul in the root module) fails again at a line the patch wrote
-    assert fix.remaining[0] == "NH101 torch.matmul at line 48 (the fixed op still fails)"
+    assert fix.remaining[0] == (
+        "NH101 torch.matmul at matrix_inverse.py:48 (the fixed op still fails)"
+    )
 
 
 def test_a_patch_that_changes_what_the_model_computes_is_not_verified(tmp_path: Path) -> None:

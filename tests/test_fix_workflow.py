@@ -80,10 +80,12 @@ def test_every_precision_fix_is_verified_by_rescan(path: Path) -> None:
         upcast, region = fix.alternatives[:2]
         assert (upcast.verified, region.verified) == (False, False)
         assert upcast.remaining == (
-            "NH401 Tensor.float at line 27 (new: the original scan did not have it)",
+            "NH401 Tensor.float at fx_eps_large_change.py:27 (new: the original scan did not "
+            "have it)",
         )
         assert region.remaining == (
-            "NH401 Tensor.float at line 28 (new: the original scan did not have it)",
+            "NH401 Tensor.float at fx_eps_large_change.py:28 (new: the original scan did not "
+            "have it)",
         )
     else:
         assert (fix.verified, fix.remaining) == (True, ())
@@ -105,10 +107,13 @@ def test_a_fix_that_does_not_help_is_not_verified_and_not_applied(tmp_path: Path
     unchanged = verify_fixes(report, lambda _copy: report, path)  # a re-scan that still has it
     fix = unchanged.findings[0].fix
     assert fix is not None and fix.verified is False
-    assert fix.remaining[0] == "NH101 torch.matmul at line 46 (the fixed op still fails)"
+    assert fix.remaining[0] == (
+        "NH101 torch.matmul at matrix_inverse.py:46 (the fixed op still fails)"
+    )
     (applied,) = apply_fixes(unchanged)
     assert applied.fixed == ()
-    assert applied.skipped[0][1].startswith("not verified: NH101 torch.matmul at line 46")
+    reason = applied.skipped[0][1]
+    assert reason.startswith("not verified: NH101 torch.matmul at matrix_inverse.py:46")
     assert path.read_text() == (EXAMPLES / "matrix_inverse.py").read_text()
 
 
@@ -207,7 +212,7 @@ def test_a_skipped_fix_says_what_failed_its_proof() -> None:
     fix = Fix(
         "keep it in FP32", Applicability.SAFE, (edit,), verified=False,
         remaining=(
-            "NH102 torch.matmul at line 9 (was there before)",
+            "NH102 torch.matmul at model.py:9 (was there before)",
             "the loss is not finite after the fix",
             "re-scanned together with the independent fixes for heads.1",
         ),
@@ -215,6 +220,6 @@ def test_a_skipped_fix_says_what_failed_its_proof() -> None:
     assert why_not(fix, unsafe=False) == "not verified: the loss is not finite after the fix"
     only_old = Fix(
         "keep it in FP32", Applicability.SAFE, (edit,), verified=False,
-        remaining=("NH102 torch.matmul at line 9 (was there before)",),
+        remaining=("NH102 torch.matmul at model.py:9 (was there before)",),
     )  # fmt: skip
     assert why_not(only_old, unsafe=False) == "not verified: the finding remained"

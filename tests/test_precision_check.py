@@ -201,8 +201,8 @@ def test_a_fix_that_leaves_precision_lost_is_not_verified(tmp_path: Path) -> Non
     verdict = verify_fix(fix, finding, before, lambda p: scan_file(str(p), settings), entry)
     assert not verdict.verified
     assert verdict.remaining[:2] == (
-        "NH609 Tensor.cos at line 22 (new: the original scan did not have it)",
-        "NH609 Tensor.sin at line 22 (new: the original scan did not have it)",
+        "NH609 Tensor.cos at positions_arange.py:22 (new: the original scan did not have it)",
+        "NH609 Tensor.sin at positions_arange.py:22 (new: the original scan did not have it)",
     )
 
 

@@ -425,7 +425,8 @@ def _resolved(file: str) -> str:
 
 
 def _describe(f: Finding) -> str:
-    where = f" at line {f.location.line}" if f.location else ""
+    """``NH609 Tensor.mean at models.py:72``: the file named, a model's files may be several."""
+    where = f" at {Path(f.location.file).name}:{f.location.line}" if f.location else ""
     return f"{f.code} {f.op or f.kind.value}{where}"
 
 
