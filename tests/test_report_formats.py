@@ -72,3 +72,12 @@ def test_golden_report(path: Path, fmt: str, update_golden: bool) -> None:
         if not update_golden:
             pytest.fail(f"{golden.name} did not exist; written now, check it in")
     assert rendered == golden.read_text(encoding="utf-8")
+
+
+def test_a_fix_not_re_scanned_says_so() -> None:
+    """``--no-verify`` (or a search that stopped before it): the fix was not tried, which is not
+    the same as a fix that failed its re-scan ("NOT verified")."""
+    report = scanned(EXAMPLES / "matrix_inverse.py", verify_fixes=False)
+    text = render(report, "text")
+    assert "[safe, not re-scanned]" in text
+    assert "NOT verified" not in text

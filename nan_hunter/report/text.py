@@ -307,7 +307,7 @@ def _fix_status(fix: Fix) -> str:
         return f"{status}, NOT verified: {'the re-scan failed' if failed else 'see after fix'}"
     if fix.diff is None:
         return f"{status}, advice only"
-    return f"{status}, not verified"
+    return f"{status}, not re-scanned"
 
 
 def verdict_sentence(f: Finding) -> str:
