@@ -3,6 +3,8 @@ step and says when ``w - lr * g`` rounded back to ``w`` for most weights."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -91,6 +93,7 @@ def _steps_report(dtype: str, mode: str) -> Report:
 
 
 def test_steps_in_bf16_weights_report_nh604_with_the_share() -> None:
+    """The share, and the remedy measured: the same step with FP32 master weights."""
     (finding,) = _steps_report("bfloat16", "half").findings
     assert (finding.code, finding.severity.value, finding.kind.value) == (
         "NH604", "warning", "precision"
@@ -98,9 +101,10 @@ def test_steps_in_bf16_weights_report_nh604_with_the_share() -> None:
     assert finding.message == (
         "optimizer step 1 of --steps: the update left 100% of the 577 weights with a nonzero "
         "gradient unchanged (4 bfloat16 parameters): w - lr * g rounds back to w in bfloat16, "
-        "so training stalls without a NaN; keep the parameters in FP32 (FP32 master weights: "
-        "train under torch.autocast instead of model.half()/.to(bfloat16)), or use an optimizer "
-        "with stochastic rounding or Kahan summation for low-precision weights"
+        "so training stalls without a NaN (with FP32 master weights, the same step of the same "
+        "training under autocast left 0% unchanged); keep the parameters in FP32 (FP32 master "
+        "weights: train under torch.autocast instead of model.half()/.to(bfloat16)), or use an "
+        "optimizer with stochastic rounding or Kahan summation for low-precision weights"
     )
     assert finding.fix is not None and "FP32 master weights" in finding.fix.title
 
@@ -120,3 +124,25 @@ def test_fp16_adam_on_fp16_weights_breaks_before_it_stalls() -> None:
     result = run_steps(load_target(str(WEIGHTS)), settings, 3, lr=1e-4)
     assert result.first_bad_step == 1
     assert "NH604" not in [f.code for f in result.report.findings]
+
+
+def test_the_master_weights_measure_is_left_out_when_that_training_fails() -> None:
+    """A model that cannot train under autocast (here: it refuses to) gets NH604 without the
+    measured remedy: what was not measured is not said."""
+
+    class HalfOnly(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = load_target(str(WEIGHTS)).model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("this model does not run under autocast")
+            return self.inner(x)
+
+    target = load_target(str(WEIGHTS))
+    target = dataclasses.replace(target, model=HalfOnly())
+    settings = load_settings(None, {"dtype": "bfloat16", "mode": "half", "device": "cpu"})
+    (finding,) = run_steps(target, settings, 2, lr=1e-4).report.findings
+    assert finding.code == "NH604"
+    assert "with FP32 master weights" not in finding.message.split(";")[0]

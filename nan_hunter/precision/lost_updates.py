@@ -46,6 +46,9 @@ class LostUpdates:
     parameters: int
     """Low-precision parameters with a gradient."""
     dtype: str
+    with_master: float | None = None
+    """The share the same step of the same training with FP32 parameters under autocast (FP32
+    master weights) left unchanged, when it was measured (``--steps``)."""
 
     @property
     def share(self) -> float:
@@ -57,6 +60,14 @@ class LostUpdates:
             f"nonzero gradient unchanged ({self.parameters} {self.dtype} parameter"
             f"{'s' * (self.parameters != 1)}): w - lr * g rounds back to w in {self.dtype}, so "
             "training stalls without a NaN"
+        ) + self._master_text()
+
+    def _master_text(self) -> str:
+        if self.with_master is None:
+            return ""
+        return (
+            f" (with FP32 master weights, the same step of the same training under autocast "
+            f"left {100 * self.with_master:.3g}% unchanged)"
         )
 
 
@@ -67,13 +78,17 @@ class UpdateSnapshot:
         self._kept = kept
 
     @classmethod
-    def take(cls, params: Iterable[torch.Tensor]) -> UpdateSnapshot | None:
+    def take(
+        cls, params: Iterable[torch.Tensor], *, fp32: bool = False
+    ) -> UpdateSnapshot | None:
         """None when no parameter is low precision with a gradient (nothing to watch). Up to
-        ``SAMPLED`` evenly spaced elements of each are copied."""
+        ``SAMPLED`` evenly spaced elements of each are copied. ``fp32``: the FP32 parameters
+        instead (what FP32 master weights do with the same updates)."""
         kept = []
+        watched = (torch.float32,) if fp32 else _LOW
         with torch.no_grad():
             for p in params:
-                if p.dtype in _LOW and p.grad is not None and p.grad.dtype == p.dtype:
+                if p.dtype in watched and p.grad is not None and p.grad.dtype == p.dtype:
                     kept.append((p, _sample(p).clone(), _sample(p.grad) != 0))
         return cls(kept) if kept else None
 

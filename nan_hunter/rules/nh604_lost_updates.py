@@ -25,8 +25,10 @@ With `--steps N --mode half` the model trains with its parameters in BF16/FP16 (
 copy). Before each optimizer step the scan copies up to 65,536 evenly spaced elements of each
 low-precision parameter that has a gradient, and after it counts those whose gradient was
 nonzero and whose value did not move. A step that left {LOST_SHARE:.0%} or more of them
-unchanged is reported once (the first such step), with the share, the count and the dtype. An
-FP32 model, or autocast with FP32 parameters, is never flagged: its update has 24 bits.
+unchanged is reported once (the first such step), with the share, the count and the dtype, and
+with what FP32 master weights do with the same step: a fresh copy with FP32 parameters, trained
+under autocast with the same Adam up to that step, measured the same way. An FP32 model, or
+autocast with FP32 parameters, is never flagged: its update has 24 bits.
 
 ## Why
 `w - lr * g` rounds back to `w` whenever `|lr * g|` is below half a unit in the last place of

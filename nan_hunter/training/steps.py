@@ -143,10 +143,46 @@ def run_steps(
             scale_problem=scale_problem, bad_grads=lambda: bad_grad_names(model),
         )
         if problem is not None:
+            lost = _with_master_weights(lost, target, device, dtype, lr)
             report = _scan_state(target, settings, start, used, lost)
             return StepsResult(index + 1, index, report, problem.reason, problem.detail)
+    lost = _with_master_weights(lost, target, device, dtype, lr)
     final = _scan_state(target, settings, model.state_dict(), scale.used if scale else None, lost)
     return StepsResult(steps, None, final)
+
+
+def _with_master_weights(
+    lost: LostUpdates | None, target: Target, device: str, dtype: torch.dtype, lr: float
+) -> LostUpdates | None:
+    """``lost`` with what FP32 master weights do with the same updates: a fresh copy of the
+    model, its parameters FP32, trained under autocast in ``dtype`` with the same Adam, up to
+    the step that lost them, whose update is measured the same way (the remedy, measured)."""
+    if lost is None:
+        return None
+    announce(f"the same {lost.step} step(s) with FP32 master weights (autocast)")
+    model = copy.deepcopy(target.model).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=lr)
+    try:
+        for index in range(lost.step):
+            optimizer.zero_grad(set_to_none=True)
+            batch = _batch_copy(target.batch, device)
+            loss = _train_forward(model, batch, target.loss_fn, device, dtype, False, index)
+            with torch.autograd.set_detect_anomaly(False):
+                loss.backward()
+            last = index + 1 == lost.step
+            snapshot = UpdateSnapshot.take(params, fp32=True) if last else None
+            optimizer.step()
+            measured = snapshot.compare(lost.step) if snapshot is not None else None
+            if measured is not None:
+                return dataclasses.replace(lost, with_master=measured.share)
+    except UserCodeError:  # the model does not train under autocast: not measured, not said
+        return lost
+    except NOT_THE_MODELS:
+        raise
+    except BaseException:  # its backward or Adam's step failed there: the same
+        return lost
+    return lost
 
 
 def _scan_state(
