@@ -6,8 +6,8 @@ rules use (``nan_hunter.fixes.build.build_fix`` on a candidate made from the pre
 evidence): the elementwise ops from the last matmul/module up to the culprit upcast with no
 region, the culprit alone in an FP32 region, its statement's region. Verification
 (``nan_hunter.fixes.verify.judge``) re-scans each with the precision check and keeps the
-least costly one after which no precision finding is left at the site and the loss is no
-further from FP32's.
+least costly one after which no precision finding is left at the site, the loss is no further
+from FP32's, and the loss's distance from FP32 or the largest op error at least halved.
 """
 
 from __future__ import annotations
@@ -68,14 +68,16 @@ def with_precision_fix(
     path = Path(site.file).resolve()
     root = project_root(path)
     fixes: list[Fix] = []
-    rewritten = _rewritten(finding, scan, event, path)
+    try:
+        text = read_source(path).text
+    except SourceError:
+        return finding
+    rewritten = _rewritten(finding, scan, event, text)
     if rewritten is not None:
         title, new_text = rewritten
-        try:
-            edits = edits_between(path, read_source(path).text, new_text)
-        except SourceError:
-            edits = ()
-        fixes.append(make_fix(title, Applicability.SAFE, edits, root))
+        edits = edits_between(path, text, new_text)
+        if edits:
+            fixes.append(make_fix(title, Applicability.SAFE, edits, root))
     candidate = precision_candidate(scan, event)
     made_here = finding.code == "NH601" and not candidate.cast_inputs
     if not made_here:  # FP32 around integers the op itself makes keeps making them in BF16
@@ -90,17 +92,13 @@ def with_precision_fix(
 
 
 def _rewritten(
-    finding: Finding, scan: ScanEvidence, event: OpEvent, path: Path
+    finding: Finding, scan: ScanEvidence, event: OpEvent, text: str
 ) -> tuple[str, str] | None:
     """``(title, new text)`` of the rewrite ``finding``'s cause calls for, or None. For
     integers past the exact range (NH601): the integers made in FP32, and the casts to the
     format of the operands they meet before the first op that loses precision on them
     (``self.inv_freq.to(h.dtype)`` in ``pos * inv_freq``) taken out: FP32 positions times a
     rounded frequency are still off by whole radians."""
-    try:
-        text = read_source(path).text
-    except SourceError:
-        return None
     assert event.location is not None
     name = op_name(event)
     line = event.location.line
