@@ -242,20 +242,11 @@ def judge(
     """Verified when no re-scan error is the fixed op inside an edited region, and every
     re-scan error is one the original scan had at the same op, module and original line."""
     old_errors = [f for f in before.findings if f.is_error]
-    remaining: list[str] = []
-    verified = True
-    still_fails = False
-    old = [h for h in old_errors if h is not finding]
-    for g in (f for f in after.findings if f.is_error):
-        found = _placed(g, finding, old, patched, any_op=False)
-        if found == "fixed":
-            verified, still_fails = False, True
-            remaining.append(f"{_describe(g)} (the fixed op still fails)")
-        elif found == "before":
-            remaining.append(f"{_describe(g)} (was there before)")
-        else:
-            verified = False
-            remaining.append(f"{_describe(g)} (new: the original scan did not have it)")
+    verified, still_fails, remaining = _against(
+        [f for f in after.findings if f.is_error], finding,
+        [h for h in old_errors if h is not finding], patched,
+        any_op=False, still="the fixed op still fails",
+    )  # fmt: skip
     if finding.kind is Kind.PRECISION:
         held, fails, notes = _precision_judged(finding, before, after, patched)
         verified, still_fails = verified and held, still_fails or fails
@@ -268,20 +259,28 @@ def judge(
                    fp32_loss_change=fp32_loss_change(before, after))
 
 
-def _placed(
-    g: Finding, finding: Finding, old: list[Finding], patched: dict[Path, PatchedFile],
-    *, any_op: bool,
-) -> str:
-    """Where the re-scan's ``g`` stands against the fix of ``finding``: ``"fixed"`` (at the
-    fixed op, or with ``any_op`` anywhere in the edited code), ``"before"`` (one of ``old``,
-    the original scan's, at the same op, module and original line) or ``"new"``."""
-    place = _original_place(g.location, patched)
-    edited = place is not None and place[3]
-    if edited and (any_op or (g.op, g.module) == (finding.op, finding.module)):
-        return "fixed"
-    if _same_site(finding, g, place):
-        return "fixed"
-    return "before" if any(_same_site(h, g, place) for h in old) else "new"
+def _against(
+    found: list[Finding], finding: Finding, old: list[Finding],
+    patched: dict[Path, PatchedFile], *, any_op: bool, still: str,
+) -> tuple[bool, bool, list[str]]:
+    """The re-scan's ``found`` against the fix of ``finding``: ``(held, the fixed op still
+    fails, notes)``. One at the fixed op (or, with ``any_op``, anywhere in the edited code)
+    fails it (``still`` says how); one of ``old``, the original scan's, at the same op, module
+    and original line, was there before; any other is new and fails it too."""
+    held, fails, notes = True, False, []
+    for g in found:
+        place = _original_place(g.location, patched)
+        edited = place is not None and place[3]
+        at_fix = edited and (any_op or (g.op, g.module) == (finding.op, finding.module))
+        if at_fix or _same_site(finding, g, place):
+            held, fails = False, True
+            notes.append(f"{_describe(g)} ({still})")
+        elif any(_same_site(h, g, place) for h in old):
+            notes.append(f"{_describe(g)} (was there before)")
+        else:
+            held = False
+            notes.append(f"{_describe(g)} (new: the original scan did not have it)")
+    return held, fails, notes
 
 
 def _precision_judged(
@@ -291,18 +290,11 @@ def _precision_judged(
     op still fails, notes)``. It holds when no precision warning is left at the fixed op, in an
     edited region or one the original scan did not have, the re-scan compared the ops at all,
     and the loss is no further from FP32's than before (within one rounding of the format)."""
-    held, fails, notes = True, False, []
-    old = [f for f in before.findings if f.kind is Kind.PRECISION and f is not finding]
-    for g in (f for f in after.findings if f.kind is Kind.PRECISION):
-        found = _placed(g, finding, old, patched, any_op=True)
-        if found == "fixed":
-            held, fails = False, True
-            notes.append(f"{_describe(g)} (precision is still lost at the fixed code)")
-        elif found == "before":
-            notes.append(f"{_describe(g)} (was there before)")
-        else:
-            held = False
-            notes.append(f"{_describe(g)} (new: the original scan did not have it)")
+    held, fails, notes = _against(
+        [f for f in after.findings if f.kind is Kind.PRECISION], finding,
+        [f for f in before.findings if f.kind is Kind.PRECISION and f is not finding], patched,
+        any_op=True, still="precision is still lost at the fixed code",
+    )  # fmt: skip
     was, now = before.precision_check, after.precision_check
     if finding.code != "NH603" and (now is None or now.compared == 0):
         return False, fails, [*notes, "the re-scan compared no op with FP32: nothing measured"]
