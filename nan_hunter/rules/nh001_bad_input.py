@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
-from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
+from nan_hunter.findings import Finding, Kind, Phase, Severity
+from nan_hunter.rules.registry import ScanEvidence, SiteRule, model_finding, register
 from nan_hunter.trace import torch_originals
 from nan_hunter.trace.stats import tensor_stats
 
@@ -58,21 +58,12 @@ Clean the data: check the preprocessing that produced these indices
             stats = tensor_stats(real, scan.fmt)
             indices = [[int(i) for i in row] for row in torch.nonzero(bad)[:5].tolist()]
             findings.append(
-                Finding(
-                    code=self.code,
-                    severity=self.severity,
-                    kind=self.kind,
+                model_finding(
+                    self,
                     phase=Phase.FORWARD,
-                    op="",
-                    module="",
-                    location=None,
                     origin=True,
                     message=self.describe(name, stats.nan, stats.posinf + stats.neginf, indices),
-                    fix=Fix(
-                        title="Clean the input data (preprocessing, nan_to_num)",
-                        applicability=Applicability.DISPLAY_ONLY,
-                        diff=None,
-                    ),
+                    fix_title="Clean the input data (preprocessing, nan_to_num)",
                     inputs=(stats,),
                 )
             )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from nan_hunter.engine.traced_forward import NO_PARAMETERS
-from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
-from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
+from nan_hunter.findings import Finding, Kind, Phase, Severity
+from nan_hunter.rules.registry import ScanEvidence, SiteRule, model_finding, register
 
 
 @register
@@ -48,23 +48,14 @@ keep the trained parameters' `requires_grad`. To check the forward only, say so:
         if low.backward_skipped == NO_PARAMETERS:  # nothing trains: noted, not a finding
             return []
         return [
-            Finding(
-                code=self.code,
-                severity=self.severity,
-                kind=self.kind,
+            model_finding(  # no op made it: nothing to count among the origins
+                self,
                 phase=Phase.BACKWARD,
-                op="",
-                module="",
-                location=None,
-                origin=False,  # no op made it: nothing to count among the origins
                 message=(
                     f"the backward was not analysed: {low.backward_skipped}; no gradient was "
                     "checked, so this scan cannot say the model trains in FP16"
                 ),
-                fix=Fix(
-                    title="Let the loss reach the trained parameters (or scan with "
-                    "--no-backward to check the forward only)",
-                    applicability=Applicability.DISPLAY_ONLY,
-                ),
+                fix_title="Let the loss reach the trained parameters (or scan with "
+                "--no-backward to check the forward only)",
             )
         ]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
-from nan_hunter.rules.registry import ScanEvidence, SiteRule, register
+from nan_hunter.findings import Finding, Kind, Phase, Severity
+from nan_hunter.rules.registry import ScanEvidence, SiteRule, model_finding, register
 
 
 @register
@@ -51,24 +51,16 @@ Let the ops run as plain Python torch calls while scanning (remove the
             return []
         modules = ", ".join(low.unseen[:5]) + (", ..." if len(low.unseen) > 5 else "")
         return [
-            Finding(
-                code=self.code,
-                severity=self.severity,
-                kind=self.kind,
+            model_finding(
+                self,
                 phase=Phase.FORWARD,
-                op="",
                 module=low.unseen[0],
-                location=None,
-                origin=False,
                 message=(
                     f"the output of {modules} was computed by ops the tracer did not see "
                     "(torch._C.DisableTorchFunction() or C++ code); their values "
                     "were not checked"
                 ),
-                fix=Fix(
-                    title="Run those ops as plain Python torch calls while scanning",
-                    applicability=Applicability.DISPLAY_ONLY,
-                ),
+                fix_title="Run those ops as plain Python torch calls while scanning",
                 modules=tuple(low.unseen),
             )
         ]

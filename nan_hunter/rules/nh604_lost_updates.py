@@ -4,9 +4,9 @@ optimizer steps of ``--steps`` (``nan-hunter run`` warns about the same as it tr
 from __future__ import annotations
 
 from nan_hunter.engine.candidate import Candidate, ScanEvidence
-from nan_hunter.findings import Applicability, Finding, Fix, Kind, Phase, Severity
+from nan_hunter.findings import Finding, Kind, Phase, Severity
 from nan_hunter.precision.lost_updates import FIX, LOST_SHARE
-from nan_hunter.rules.registry import SiteRule, register
+from nan_hunter.rules.registry import SiteRule, model_finding, register
 
 
 @register
@@ -52,17 +52,10 @@ a line of the model.
         lost = scan.lost_updates
         if lost is None or lost.share < LOST_SHARE:
             return []
-        return [Finding(
-            code=self.code,
-            severity=self.severity,
-            kind=self.kind,
-            phase=Phase.BACKWARD,
-            op="",
-            module="",
-            location=None,
-            origin=False,
+        return [model_finding(
+            self, phase=Phase.BACKWARD,
             message=f"optimizer step {lost.step} of --steps: {lost.line()}; {FIX}",
-            fix=Fix(title=FIX[0].upper() + FIX[1:], applicability=Applicability.DISPLAY_ONLY),
+            fix_title=FIX[0].upper() + FIX[1:],
         )]
 
     def message(self, c: Candidate) -> str:

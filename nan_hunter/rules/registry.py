@@ -37,6 +37,7 @@ from nan_hunter.findings import (
 )
 from nan_hunter.rules._notes import CONTAINED, absorbed, bf16_alternative
 from nan_hunter.trace.events import OpEvent
+from nan_hunter.trace.summary import TensorStats
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,35 @@ def advice_finding(
         inputs=event.inputs if stats else (),
         outputs=event.outputs if stats else (),
         op_index=event.index,
+    )
+
+
+def model_finding(
+    rule: Rule,
+    *,
+    phase: Phase,
+    message: str,
+    fix_title: str,
+    module: str = "",
+    origin: bool = False,
+    inputs: tuple[TensorStats, ...] = (),
+    modules: tuple[str, ...] = (),
+) -> Finding:
+    """A finding no op made (the batch, the backward as a whole, ops the tracer did not see,
+    training steps): no op, no location, display-only advice, with ``rule``'s severity."""
+    return Finding(
+        code=rule.code,
+        severity=rule.severity,
+        kind=rule.kind,
+        phase=phase,
+        op="",
+        module=module,
+        location=None,
+        origin=origin,
+        message=message,
+        fix=Fix(fix_title, Applicability.DISPLAY_ONLY),
+        inputs=inputs,
+        modules=modules,
     )
 
 
